@@ -1,0 +1,8 @@
+// Everything of dapo that works on LibTorch tensors, and the rule rewards. Includes only; each topic has its header.
+#pragma once
+
+#include "dapo/advantage.hpp"
+#include "dapo/loss.hpp"
+#include "dapo/reward.hpp"
+#include "dapo/rewards/gsm8k.hpp"
+#include "dapo/sampling.hpp"

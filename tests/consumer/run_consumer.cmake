@@ -1,0 +1,20 @@
+# cmake -DMODE=find_package|add_subdirectory -DDAPO_SOURCE_DIR=... -DDAPO_BINARY_DIR=... -DWORK_DIR=... -P this
+# Installs dapo (find_package mode), configures, builds and runs the consumer project; fails on any error.
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "consumer (${MODE}): ${what} failed with ${rc}")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+set(extra_args)
+if(MODE STREQUAL "find_package")
+  run_step("cmake --install" ${CMAKE_COMMAND} --install ${DAPO_BINARY_DIR} --prefix ${WORK_DIR}/prefix)
+  set(extra_args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+endif()
+run_step("configure" ${CMAKE_COMMAND} -S ${DAPO_SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build
+         -DDAPO_CONSUMER_MODE=${MODE} -DDAPO_SOURCE_DIR=${DAPO_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release ${extra_args})
+run_step("build" ${CMAKE_COMMAND} --build ${WORK_DIR}/build -j2)
+run_step("core_consumer" ${WORK_DIR}/build/core_consumer)
+run_step("torch_consumer" ${WORK_DIR}/build/torch_consumer)

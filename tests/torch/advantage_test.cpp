@@ -1,0 +1,51 @@
+// group_advantages on tensors: goldens in double and float, agreement with the core, boundary errors.
+#include <dapo/advantage.hpp>
+
+#include "support/shared.hpp"
+#include "support/tensors.hpp"
+
+TEST_CASE("torch group_advantages matches every golden case in double and float") {
+  const auto cases = dapo::test::algo_golden("advantages");
+  if (!cases) return;
+  for (const auto& item : *cases) {
+    const auto rewards = item.at("rewards").get<std::vector<double>>();
+    const auto expected = item.at("expected").get<std::vector<double>>();
+    const dapo::AdvantageOptions options{item.at("scale_by_std").get<bool>(), item.at("epsilon").get<double>()};
+    const int64_t group_size = item.at("group_size");
+    const int64_t n = static_cast<int64_t>(rewards.size());
+    const auto in_double = dapo::test::values(dapo::group_advantages(dapo::test::tensor(rewards, {n}), group_size, options));
+    const auto as_float = dapo::group_advantages(dapo::test::tensor(rewards, {n}, torch::kFloat32), group_size, options);
+    CHECK(dapo::test::dtype_name(as_float) == "Float");
+    const auto in_float = dapo::test::values(as_float);
+    std::vector<double> from_core(rewards.size());
+    dapo::core::group_advantages<double>(rewards, group_size, from_core, options);
+    for (std::size_t i = 0; i < rewards.size(); ++i) {
+      CAPTURE(i);
+      CHECK(dapo::test::close(in_double[i], expected[i], 1e-9, 1e-12));
+      CHECK(dapo::test::close(in_float[i], expected[i], 1e-5, 1e-6));
+      CHECK(dapo::test::close(in_double[i], from_core[i], 1e-12, 1e-14));
+    }
+  }
+}
+
+TEST_CASE("torch group_advantages: each group sums to zero") {
+  const auto rewards = torch::rand({64}, torch::kFloat64) * 3.5;
+  const auto advantages = dapo::group_advantages(rewards, 8);
+  CHECK(advantages.reshape({8, 8}).sum(1).abs().max().item<double>() < 1e-12);
+}
+
+TEST_CASE("torch group_advantages rejects bad tensors naming what is wrong") {
+  CHECK_THROWS_WITH_AS(dapo::group_advantages(torch::zeros({2, 4}), 4),
+                       doctest::Contains("rewards has shape [2, 4], expected 1 dimension"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::group_advantages(torch::zeros({6}, torch::kLong), 2),
+                       doctest::Contains("rewards has dtype Long, expected a floating dtype"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::group_advantages(torch::zeros({6}), 4),
+                       doctest::Contains("rewards has 6 elements, which group_size = 4 does not divide"),
+                       std::invalid_argument);
+  auto rewards = torch::zeros({6});
+  rewards[3] = std::nan("");
+  CHECK_THROWS_WITH_AS(dapo::group_advantages(rewards, 2), doctest::Contains("rewards[3] is nan"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::group_advantages(torch::Tensor(), 2), doctest::Contains("rewards is an undefined tensor"),
+                       std::invalid_argument);
+}
