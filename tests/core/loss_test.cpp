@@ -213,3 +213,48 @@ TEST_CASE("core policy_loss rejects bad shapes and options with messages naming 
                        doctest::Contains("unknown loss aggregation 'token_mean', expected one of token-mean"),
                        std::invalid_argument);
 }
+
+TEST_CASE("every SIMD width of the float kernel agrees with the double kernel (all aggregations, dual clip, masks)") {
+  std::mt19937_64 rng(21);
+  std::vector<int> widths{1};
+  for (const int lanes : {4, 8, 16}) {
+    if (lanes <= dapo::detail::widest_float_lanes()) widths.push_back(lanes);
+  }
+  MESSAGE("float kernel widths tested: " << widths.size() << " (widest on this CPU: "
+                                          << dapo::detail::widest_float_lanes() << ")");
+  for (const auto& [aggregation, name] : dapo::kAggregationNames) {
+    for (const double dual_clip : {0.0, 3.0}) {
+      for (const bool per_token : {false, true}) {
+        // 37 columns: full vectors plus a ragged tail for every width.
+        const auto c = dapo::test::random_loss_case(
+            rng, 8, 37, per_token, {.dual_clip = dual_clip, .aggregation = aggregation, .group_size = 4});
+        std::vector<double> expected_grad(c.logp.size());
+        const auto expected = dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows,
+                                                              c.cols, c.options, expected_grad);
+        const auto logp = as<float>(c.logp), old_logp = as<float>(c.old_logp), advantages = as<float>(c.advantages);
+        std::vector<unsigned char> bytes(c.mask.begin(), c.mask.end());
+        const bool* mask = reinterpret_cast<const bool*>(bytes.data());
+        for (const int lanes : widths) {
+          CAPTURE(name);
+          CAPTURE(lanes);
+          std::vector<float> grad(c.logp.size());
+          const dapo::core::PolicyLossInputs<float, float, bool> inputs{
+              logp.data(), old_logp.data(), advantages.data(), mask, c.rows, c.cols, per_token};
+          const auto out =
+              dapo::core::policy_loss_kernel<float>(inputs, c.options, grad.data(), "test", dapo::core::SerialFor{}, lanes);
+          CHECK(dapo::test::close(out.result.loss, expected.loss, 1e-5, 1e-6));
+          CHECK(out.result.clip_fraction == doctest::Approx(expected.clip_fraction));
+          CHECK(out.result.dual_clip_fraction == doctest::Approx(expected.dual_clip_fraction));
+          CHECK(dapo::test::close(out.result.approx_kl, expected.approx_kl, 1e-5, 1e-6));
+          for (std::size_t i = 0; i < grad.size(); ++i) {
+            CHECK(dapo::test::close(grad[i] * out.grad_scale, expected_grad[i], 1e-5, 1e-7));
+          }
+        }
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(dapo::core::policy_loss_kernel<float>(dapo::core::PolicyLossInputs<float, float, bool>{},
+                                                             dapo::PolicyLossOptions{}, static_cast<float*>(nullptr),
+                                                             "test", dapo::core::SerialFor{}, 3),
+                       doctest::Contains("float_lanes is 3"), std::invalid_argument);
+}

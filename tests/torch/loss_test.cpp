@@ -1,6 +1,7 @@
 // policy_loss on tensors: goldens (loss, metrics, autograd gradient), agreement with the core on random batches,
 // dtypes and mask kinds, boundary errors.
 #include <dapo/loss.hpp>
+#include <dapo/reference/loss.hpp>
 
 #include <random>
 
@@ -14,7 +15,13 @@ struct TorchRun {
   std::vector<double> grad;
 };
 
-TorchRun run_torch(const dapo::test::LossCase& c, torch::ScalarType dtype, bool bool_mask = false) {
+using LossFn = dapo::PolicyLossOutput (*)(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                           const torch::Tensor&, const dapo::PolicyLossOptions&);
+constexpr LossFn kFused = &dapo::policy_loss;
+constexpr LossFn kReference = &dapo::reference::policy_loss;
+
+TorchRun run_torch(const dapo::test::LossCase& c, torch::ScalarType dtype, bool bool_mask = false,
+                   LossFn loss_fn = kFused) {
   using dapo::test::tensor;
   auto logp = tensor(c.logp, {c.rows, c.cols}, dtype).requires_grad_(true);
   const auto old_logp = tensor(c.old_logp, {c.rows, c.cols}, dtype);
@@ -22,7 +29,7 @@ TorchRun run_torch(const dapo::test::LossCase& c, torch::ScalarType dtype, bool 
                                                  : tensor(c.advantages, {c.rows}, dtype);
   auto mask = tensor(c.mask, {c.rows, c.cols}, dtype);
   if (bool_mask) mask = mask.to(torch::kBool);
-  TorchRun run{dapo::policy_loss(logp, old_logp, advantages, mask, c.options), {}};
+  TorchRun run{loss_fn(logp, old_logp, advantages, mask, c.options), {}};
   run.output.loss.backward();
   run.grad = dapo::test::values(logp.grad());
   return run;
@@ -41,22 +48,25 @@ void check_against(const TorchRun& run, double loss, double clip_fraction, doubl
 
 }  // namespace
 
-TEST_CASE("torch policy_loss matches every golden case: loss, metrics, d loss / d logp") {
+TEST_CASE("fused and reference policy_loss match every golden case: loss, metrics, d loss / d logp") {
   const auto cases = dapo::test::golden_loss_cases();
   if (cases.empty()) return;
-  for (const auto& c : cases) {
-    CAPTURE(c.name);
-    const auto in_double = run_torch(c, torch::kFloat64);
-    CHECK(in_double.output.loss.dim() == 0);
-    check_against(in_double, c.loss, c.clip_fraction, c.dual_clip_fraction, c.approx_kl, c.grad_logp, 1e-9, 1e-15);
-    check_against(run_torch(c, torch::kFloat32), c.loss, c.clip_fraction, c.dual_clip_fraction, c.approx_kl,
-                  c.grad_logp, 1e-5, 1e-6);
-    check_against(run_torch(c, torch::kFloat64, /*bool_mask=*/true), c.loss, c.clip_fraction, c.dual_clip_fraction,
-                  c.approx_kl, c.grad_logp, 1e-9, 1e-15);
+  for (const LossFn loss_fn : {kFused, kReference}) {
+    for (const auto& c : cases) {
+      CAPTURE(c.name);
+      CAPTURE(loss_fn == kFused);
+      const auto in_double = run_torch(c, torch::kFloat64, false, loss_fn);
+      CHECK(in_double.output.loss.dim() == 0);
+      check_against(in_double, c.loss, c.clip_fraction, c.dual_clip_fraction, c.approx_kl, c.grad_logp, 1e-9, 1e-15);
+      check_against(run_torch(c, torch::kFloat32, false, loss_fn), c.loss, c.clip_fraction, c.dual_clip_fraction,
+                    c.approx_kl, c.grad_logp, 1e-5, 1e-6);
+      check_against(run_torch(c, torch::kFloat64, /*bool_mask=*/true, loss_fn), c.loss, c.clip_fraction,
+                    c.dual_clip_fraction, c.approx_kl, c.grad_logp, 1e-9, 1e-15);
+    }
   }
 }
 
-TEST_CASE("torch and core front ends agree on random batches (all aggregations, dual clip, [B] and [B, T])") {
+TEST_CASE("fused, reference and core agree on random batches (all aggregations, dual clip, [B] and [B, T])") {
   std::mt19937_64 rng(2025);
   for (const auto& [aggregation, name] : dapo::kAggregationNames) {
     for (const double dual_clip : {0.0, 3.0}) {
@@ -71,22 +81,63 @@ TEST_CASE("torch and core front ends agree on random batches (all aggregations, 
         const auto core = dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows, c.cols,
                                                           c.options, grad);
         CHECK(core.clip_fraction > 0.0);  // the random log-ratios do reach past the clip range
-        check_against(run_torch(c, torch::kFloat64), core.loss, core.clip_fraction, core.dual_clip_fraction,
-                      core.approx_kl, grad, 1e-12, 1e-15);
-        check_against(run_torch(c, torch::kFloat32), core.loss, core.clip_fraction, core.dual_clip_fraction,
-                      core.approx_kl, grad, 1e-5, 1e-6);
+        for (const LossFn loss_fn : {kFused, kReference}) {
+          check_against(run_torch(c, torch::kFloat64, false, loss_fn), core.loss, core.clip_fraction,
+                        core.dual_clip_fraction, core.approx_kl, grad, 1e-12, 1e-15);
+          check_against(run_torch(c, torch::kFloat32, true, loss_fn), core.loss, core.clip_fraction,
+                        core.dual_clip_fraction, core.approx_kl, grad, 1e-5, 1e-6);
+        }
       }
     }
   }
 }
 
-TEST_CASE("bfloat16 inputs are computed in float32 and stay close to double") {
+TEST_CASE("bfloat16 inputs are computed in float32: fused equals reference, and both stay close to double") {
   std::mt19937_64 rng(5);
   const auto c = dapo::test::random_loss_case(rng, 16, 64, false, {});
-  const auto in_bf16 = run_torch(c, torch::kBFloat16);
-  CHECK(dapo::test::dtype_name(in_bf16.output.loss) == "Float");
+  const auto fused = run_torch(c, torch::kBFloat16);
+  const auto reference = run_torch(c, torch::kBFloat16, false, kReference);
+  CHECK(dapo::test::dtype_name(fused.output.loss) == "Float");
+  check_against(fused, reference.output.loss.item<double>(), reference.output.clip_fraction.item<double>(),
+                reference.output.dual_clip_fraction.item<double>(), reference.output.approx_kl.item<double>(),
+                reference.grad, 1e-5, 1e-6);
   const auto in_double = run_torch(c, torch::kFloat64);
-  CHECK(dapo::test::close(in_bf16.output.loss.item<double>(), in_double.output.loss.item<double>(), 3e-2, 1e-3));
+  CHECK(dapo::test::close(fused.output.loss.item<double>(), in_double.output.loss.item<double>(), 3e-2, 1e-3));
+}
+
+TEST_CASE("fused policy_loss: same bits for any thread count; masked padding may hold NaN; grad_output scales") {
+  std::mt19937_64 rng(9);
+  const auto c = dapo::test::random_loss_case(rng, 64, 1000, true, {.dual_clip = 3.0});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = run_torch(c, torch::kFloat32);
+  at::set_num_threads(2);
+  const auto two = run_torch(c, torch::kFloat32);
+  at::set_num_threads(threads);
+  CHECK(one.output.loss.item<float>() == two.output.loss.item<float>());
+  CHECK(one.grad == two.grad);
+
+  using dapo::test::tensor;
+  auto logp = tensor(c.logp, {c.rows, c.cols}).requires_grad_(true);
+  auto mask = tensor(c.mask, {c.rows, c.cols}).to(torch::kBool);
+  const auto padded_old_logp = tensor(c.old_logp, {c.rows, c.cols}).masked_fill(~mask, std::nan(""));
+  const auto advantages = tensor(c.advantages, {c.rows, c.cols});
+  const auto out = dapo::policy_loss(logp, padded_old_logp, advantages, mask, c.options);
+  (3.0 * out.loss).backward();
+  const auto reference = run_torch(c, torch::kFloat64);
+  CHECK(dapo::test::close(out.loss.item<double>(), reference.output.loss.item<double>(), 1e-12));
+  const auto grad = dapo::test::values(logp.grad());
+  for (std::size_t i = 0; i < grad.size(); ++i) CHECK(dapo::test::close(grad[i], 3.0 * reference.grad[i], 1e-12, 1e-15));
+}
+
+TEST_CASE("fused policy_loss without requires_grad computes the same loss and no gradient") {
+  std::mt19937_64 rng(4);
+  const auto c = dapo::test::random_loss_case(rng, 4, 9, false, {});
+  using dapo::test::tensor;
+  const auto out = dapo::policy_loss(tensor(c.logp, {4, 9}), tensor(c.old_logp, {4, 9}), tensor(c.advantages, {4}),
+                                     tensor(c.mask, {4, 9}), c.options);
+  CHECK_FALSE(out.loss.requires_grad());
+  CHECK(dapo::test::close(out.loss.item<double>(), run_torch(c, torch::kFloat64).output.loss.item<double>(), 1e-14));
 }
 
 TEST_CASE("ratio 1 gives zero clip fractions and KL; the gradient is -A / tokens") {
@@ -101,37 +152,40 @@ TEST_CASE("ratio 1 gives zero clip fractions and KL; the gradient is -A / tokens
   CHECK(torch::allclose(logp.grad(), (-advantages / 15.0).unsqueeze(1).expand({3, 5})));
 }
 
-TEST_CASE("torch policy_loss rejects bad tensors with messages naming them") {
+TEST_CASE("fused and reference policy_loss reject bad tensors with messages naming them") {
+ for (const LossFn loss_fn : {kFused, kReference}) {
+  CAPTURE(loss_fn == kFused);
   const auto logp = torch::zeros({4, 10});
   const auto advantages = torch::zeros({4});
   const auto mask = torch::ones({4, 10});
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, advantages, torch::ones({4, 9})),
-                       doctest::Contains("dapo::policy_loss: mask has shape [4, 9] but logp has [4, 10]"),
+  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, torch::ones({4, 9}), {}),
+                       doctest::Contains("policy_loss: mask has shape [4, 9] but logp has [4, 10]"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, torch::zeros({4, 11}), advantages, mask),
+  CHECK_THROWS_WITH_AS(loss_fn(logp, torch::zeros({4, 11}), advantages, mask, {}),
                        doctest::Contains("old_logp has shape [4, 11] but logp has [4, 10]"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp.to(torch::kFloat64), advantages, mask),
+  CHECK_THROWS_WITH_AS(loss_fn(logp, logp.to(torch::kFloat64), advantages, mask, {}),
                        doctest::Contains("old_logp has dtype Double but logp has Float"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, torch::zeros({5}), mask),
+  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, torch::zeros({5}), mask, {}),
                        doctest::Contains("advantages has shape [5], expected [4] or [4, 10]"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(torch::zeros({40}), torch::zeros({40}), advantages, mask),
+  CHECK_THROWS_WITH_AS(loss_fn(torch::zeros({40}), torch::zeros({40}), advantages, mask, {}),
                        doctest::Contains("logp has shape [40], expected 2 dimensions"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, advantages, torch::ones({4, 10}, torch::kLong)),
+  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, torch::ones({4, 10}, torch::kLong), {}),
                        doctest::Contains("mask has dtype Long, expected bool or a floating dtype"),
                        std::invalid_argument);
   auto half_mask = mask.clone();
   half_mask[2][7] = 0.5;
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, advantages, half_mask),
+  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, half_mask, {}),
                        doctest::Contains("mask[2, 7] is 0.5, expected 0 or 1"), std::invalid_argument);
   auto empty_group = mask.clone();
   empty_group.slice(0, 2, 4).zero_();
   CHECK_THROWS_WITH_AS(
-      dapo::policy_loss(logp, logp, advantages, empty_group,
+      loss_fn(logp, logp, advantages, empty_group,
                         {.aggregation = dapo::LossAggregation::kGroupTokenMean, .group_size = 2}),
-      doctest::Contains("group[1] (group_size = 2) has no masked token"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, advantages, mask, {.clip_high = -0.1}),
+      doctest::Contains("group 1 (rows 2..3) has no masked token"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, mask, {.clip_high = -0.1}),
                        doctest::Contains("clip_high is -0.10000000000000001"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, advantages, mask, {.global_token_count = 39}),
+  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, mask, {.global_token_count = 39}),
                        doctest::Contains("global_token_count is 39 but this batch alone holds 40 masked tokens"),
                        std::invalid_argument);
+ }
 }

@@ -20,9 +20,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "dapo/core/error.hpp"
+#include "dapo/core/simd.hpp"
 
 namespace dapo {
 
@@ -97,63 +100,43 @@ inline void check_policy_loss_options(const PolicyLossOptions& options, int64_t 
   }
 }
 
-// One token of the clipped objective: its loss, d loss / d logp, and which clips decided it. Derivatives follow
-// autograd through clamp (gradient passes on [min, max] inclusive) and max/min (a tie splits the gradient in half),
-// so results match a PyTorch composite bit for bit in the branch structure.
-struct ClippedToken {
-  double loss = 0.0;
-  double grad = 0.0;
-  bool clipped = false;       // -A * clamp(ratio) > -A * ratio: the trust region bound the update
-  bool dual_clipped = false;  // A < 0 and the loss was capped at -A * dual_clip
+// One token (or one SIMD register of tokens) of the clipped objective: its loss, d loss / d logp, and which clips
+// decided it, in the arithmetic of Math (<dapo/core/simd.hpp>: Scalar<double>, Scalar<float>, FloatVector).
+// Derivatives follow autograd through clamp (the gradient passes on [min, max] inclusive) and max/min (a tie splits it
+// in half), so they equal a PyTorch composite's. Every branch is a select; the same code runs in CUDA kernels.
+template <class V>
+struct TokenTerms {
+  V loss, grad;
+  V clipped;       // 1 where -A * clamp(ratio) > -A * ratio: the trust region bound the update
+  V dual_clipped;  // 1 where A < 0 and the loss was capped at -A * dual_clip
+  V kl;            // old_logp - logp, clamped like the log-ratio
 };
 
-inline ClippedToken clipped_token(double logp, double old_logp, double advantage, double clip_low, double clip_high,
-                                  double dual_clip) {
-  constexpr double kLogRatioBound = 20.0;
-  const double log_ratio = logp - old_logp;
-  const bool log_ratio_inside = log_ratio >= -kLogRatioBound && log_ratio <= kLogRatioBound;
-  const double ratio = std::exp(log_ratio_inside ? log_ratio : std::clamp(log_ratio, -kLogRatioBound, kLogRatioBound));
-  const double d_ratio = log_ratio_inside ? ratio : 0.0;
-
-  const double low = 1.0 - clip_low, high = 1.0 + clip_high;
-  const bool ratio_inside = ratio >= low && ratio <= high;
-  const double unclipped_loss = -advantage * ratio;
-  const double clipped_loss = -advantage * std::clamp(ratio, low, high);
-  const double unclipped_grad = -advantage * d_ratio;
-  const double clipped_grad = ratio_inside ? unclipped_grad : 0.0;
-
-  ClippedToken token;
-  token.clipped = clipped_loss > unclipped_loss;
-  if (token.clipped) {
-    token.loss = clipped_loss;
-    token.grad = clipped_grad;
-  } else {
-    token.loss = unclipped_loss;
-    token.grad = unclipped_loss > clipped_loss ? unclipped_grad : 0.5 * (unclipped_grad + clipped_grad);
+template <class Math, bool kDualClip, class V = typename Math::Value>
+DAPO_HOST_DEVICE DAPO_INLINE TokenTerms<V> clipped_token(V log_ratio, V advantage, V low, V high, V dual_clip) {
+  const V bound = Math::splat(20.0), zero = Math::splat(0.0), one = Math::splat(1.0);
+  const auto log_ratio_inside = (log_ratio >= -bound) & (log_ratio <= bound);
+  const V bounded = Math::select(log_ratio < -bound, -bound, Math::select(log_ratio > bound, bound, log_ratio));
+  const V ratio = Math::exp(bounded);  // NaN stays NaN
+  const V clamped_ratio = Math::select(ratio < low, low, Math::select(ratio > high, high, ratio));
+  const V unclipped_loss = zero - advantage * ratio;
+  const V clipped_loss = zero - advantage * clamped_ratio;
+  const auto clipped = clipped_loss > unclipped_loss;
+  // max(unclipped, clipped) and its derivative. Where the clipped term wins, the ratio lies strictly outside
+  // [low, high], so clamp passes no gradient; everywhere else the unclipped derivative is the answer, ties included
+  // (inside the interval both terms are equal with equal derivatives; with A = 0 the derivative is 0 anyway).
+  V loss = Math::select(clipped, clipped_loss, unclipped_loss);
+  V grad = Math::select(clipped, zero, zero - advantage * Math::select(log_ratio_inside, ratio, zero));
+  V dual_clipped = zero;
+  if constexpr (kDualClip) {
+    const V cap = zero - advantage * dual_clip;
+    const auto negative = advantage < zero;
+    const auto capped = negative & (loss > cap);
+    grad = Math::select(capped, zero, Math::select(negative & (loss == cap), Math::splat(0.5) * grad, grad));
+    loss = Math::select(capped, cap, loss);
+    dual_clipped = Math::select(capped, one, zero);
   }
-  if (dual_clip > 0.0 && advantage < 0.0) {
-    const double cap = -advantage * dual_clip;
-    token.dual_clipped = token.loss > cap;
-    if (token.dual_clipped) {
-      token.loss = cap;
-      token.grad = 0.0;
-    } else if (token.loss == cap) {
-      token.grad *= 0.5;
-    }
-  }
-  return token;
-}
-
-template <std::floating_point T>
-double masked_row_count(const T* mask_row, int64_t cols, const char* where, int64_t row) {
-  double count = 0.0;
-  for (int64_t t = 0; t < cols; ++t) {
-    const T value = mask_row[t];
-    DAPO_REQUIRE(value == T(0) || value == T(1), where, "mask[", row, ", ", t, "] is ", value,
-                 ", expected 0 or 1");
-    count += static_cast<double>(value);
-  }
-  return count;
+  return {loss, grad, Math::select(clipped, one, zero), dual_clipped, zero - bounded};
 }
 
 }  // namespace detail
@@ -168,9 +151,360 @@ struct PolicyLossResult {
   double token_count = 0.0;         // mask.sum() of this call
 };
 
+// The buffers of one call, row-major. T: logp element type (float, double, or a 16-bit float type convertible to
+// float); A: advantages; M: mask (bool or a floating type holding 0 and 1).
+template <class T, class A, class M>
+struct PolicyLossInputs {
+  const T* logp = nullptr;        // [B, T]
+  const T* old_logp = nullptr;    // [B, T]
+  const A* advantages = nullptr;  // [B], or [B, T] when per_token_advantages
+  const M* mask = nullptr;        // [B, T]
+  int64_t rows = 0, cols = 0;
+  bool per_token_advantages = false;
+};
+
+// The kernel's answer: the loss and metrics, and grad_scale, the factor that turns the raw gradient it wrote into
+// d loss / d logp. The factor is global to the batch (1 / token count, 1 / groups, ...), so it is applied later, in the
+// pass that has to touch the gradient anyway (the backward's multiply by grad_output), instead of in a pass of its own.
+struct PolicyLossKernelResult {
+  PolicyLossResult result;
+  double grad_scale = 0.0;
+};
+
+// Runs body(first, last) over [0, count); front ends substitute their thread pool (at::parallel_for).
+struct SerialFor {
+  template <class Body>
+  void operator()(int64_t count, const Body& body) const {
+    if (count > 0) body(0, count);
+  }
+};
+
+}  // namespace core
+
+namespace detail {
+
+// Sums of one block of rows, in double. Blocks are fixed by the shape, not by the thread count, and are added in
+// order, so results do not depend on how many threads ran.
+struct BlockSums {
+  double loss = 0.0, tokens = 0.0, clipped = 0.0, dual_clipped = 0.0, kl = 0.0;
+  int64_t nonempty_rows = 0;
+  std::string error;  // the first bad input found in the block
+};
+
+struct RowSums {
+  double loss = 0.0, tokens = 0.0, clipped = 0.0, dual_clipped = 0.0, kl = 0.0;
+};
+
+// Accumulators of one chunk of a row, in the compute type.
+template <class Math>
+struct ChunkSums {
+  using V = typename Math::Value;
+  V loss = Math::splat(0.0), tokens = Math::splat(0.0), clipped = Math::splat(0.0), dual_clipped = Math::splat(0.0),
+    kl = Math::splat(0.0), invalid = Math::splat(0.0);
+};
+
+// kLanes tokens starting at t (the first `lanes` of them when partial: padding lanes load mask 0 and add nothing).
+template <class Math, bool kPartial, class P>
+DAPO_INLINE typename Math::Value load_lanes(const P* p, int64_t lanes) {
+  if constexpr (kPartial) {
+    return Math::load_partial(p, lanes);
+  } else {
+    return Math::load(p);
+  }
+}
+
+// What one row loop instantiation does, fixed at compile time so the loop carries no branch and no dead accumulator.
+template <bool kPerTokenAdvantage_, bool kDualClip_, bool kWithGrad_>
+struct RowVariant {
+  static constexpr bool kPerTokenAdvantage = kPerTokenAdvantage_, kDualClip = kDualClip_, kWithGrad = kWithGrad_;
+};
+
+template <class Math, class Variant, bool kPartial, class T, class A, class M, class G>
+DAPO_INLINE void loss_lanes(const T* logp, const T* old_logp, const A* advantages, const M* mask,
+                            typename Math::Value row_advantage, int64_t t, int64_t lanes, typename Math::Value low,
+                            typename Math::Value high, typename Math::Value dual_clip, G* grad,
+                            ChunkSums<Math>& sums) {
+  using V = typename Math::Value;
+  const V m = load_lanes<Math, kPartial>(mask + t, lanes);
+  V advantage = row_advantage;
+  if constexpr (Variant::kPerTokenAdvantage) advantage = load_lanes<Math, kPartial>(advantages + t, lanes);
+  const V log_ratio = load_lanes<Math, kPartial>(logp + t, lanes) - load_lanes<Math, kPartial>(old_logp + t, lanes);
+  const auto token =
+      dapo::detail::clipped_token<Math, Variant::kDualClip>(log_ratio, advantage, low, high, dual_clip);
+  // A masked-out token contributes exactly 0, even when its inputs are garbage (padding may hold NaN).
+  const V zero = Math::splat(0.0), one = Math::splat(1.0);
+  const auto on = m != zero;
+  if constexpr (!std::is_same_v<M, bool>) sums.invalid = sums.invalid + Math::select(on & (m != one), one, zero);
+  sums.loss = sums.loss + Math::select(on, token.loss, zero);
+  sums.tokens = sums.tokens + m;
+  sums.clipped = sums.clipped + Math::select(on, token.clipped, zero);
+  if constexpr (Variant::kDualClip) sums.dual_clipped = sums.dual_clipped + Math::select(on, token.dual_clipped, zero);
+  sums.kl = sums.kl + Math::select(on, token.kl, zero);
+  if constexpr (Variant::kWithGrad) {
+    if constexpr (kPartial) {
+      Math::store_partial(grad + t, Math::select(on, token.grad, zero), lanes);
+    } else {
+      Math::store(grad + t, Math::select(on, token.grad, zero));
+    }
+  }
+}
+
+template <class Math, class Variant, class T, class A, class M, class G>
+DAPO_INLINE bool loss_row_variant(const core::PolicyLossInputs<T, A, M>& in, int64_t row, double low_bound,
+                                  double high_bound, double dual_clip_value, G* grad, RowSums& sums, int64_t& bad_col) {
+  constexpr int64_t kLanes = Math::kLanes;
+  constexpr int64_t kChunk = 64 * kLanes;  // partial sums in the compute type stay short; their totals go to double
+  const auto low = Math::splat(low_bound), high = Math::splat(high_bound), dual_clip = Math::splat(dual_clip_value);
+  const int64_t offset = row * in.cols;
+  const T* logp = in.logp + offset;
+  const T* old_logp = in.old_logp + offset;
+  const M* mask = in.mask + offset;
+  const A* advantages = Variant::kPerTokenAdvantage ? in.advantages + offset : nullptr;
+  const auto row_advantage = Math::splat(Variant::kPerTokenAdvantage ? 0.0 : static_cast<double>(in.advantages[row]));
+  G* grad_row = Variant::kWithGrad ? grad + offset : nullptr;
+  for (int64_t start = 0; start < in.cols; start += kChunk) {
+    const int64_t stop = start + kChunk < in.cols ? start + kChunk : in.cols;
+    ChunkSums<Math> chunk;
+    int64_t t = start;
+    for (; t + kLanes <= stop; t += kLanes) {
+      loss_lanes<Math, Variant, false>(logp, old_logp, advantages, mask, row_advantage, t, kLanes, low, high,
+                                       dual_clip, grad_row, chunk);
+    }
+    if (t < stop) {
+      loss_lanes<Math, Variant, true>(logp, old_logp, advantages, mask, row_advantage, t, stop - t, low, high,
+                                      dual_clip, grad_row, chunk);
+    }
+    if (Math::sum(chunk.invalid) != 0.0) {
+      for (int64_t col = start; col < stop; ++col) {
+        const double m = static_cast<double>(mask[col]);
+        if (m != 0.0 && m != 1.0) {
+          bad_col = col;
+          return false;
+        }
+      }
+    }
+    sums.loss += Math::sum(chunk.loss);
+    sums.tokens += Math::sum(chunk.tokens);
+    sums.clipped += Math::sum(chunk.clipped);
+    sums.dual_clipped += Math::sum(chunk.dual_clipped);
+    sums.kl += Math::sum(chunk.kl);
+  }
+  return true;
+}
+
+// One row: raw per-token gradient into grad (when not null) and the row's sums. Returns false on a mask value that
+// is neither 0 nor 1 (its column in bad_col). low_bound, high_bound: the ratio's clip interval.
+template <class Math, bool kPerTokenAdvantage, class T, class A, class M, class G>
+DAPO_INLINE bool loss_row(const core::PolicyLossInputs<T, A, M>& in, int64_t row, double low_bound, double high_bound,
+                          double dual_clip, G* grad, RowSums& sums, int64_t& bad_col) {
+  // No lambda here: it would not be inlined, and so not compiled for the caller's instruction set.
+  using WithDualClip = RowVariant<kPerTokenAdvantage, true, true>;
+  using WithDualClipNoGrad = RowVariant<kPerTokenAdvantage, true, false>;
+  using Plain = RowVariant<kPerTokenAdvantage, false, true>;
+  using PlainNoGrad = RowVariant<kPerTokenAdvantage, false, false>;
+  if (dual_clip > 0.0) {
+    if (grad != nullptr) {
+      return loss_row_variant<Math, WithDualClip>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
+    }
+    return loss_row_variant<Math, WithDualClipNoGrad>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
+  }
+  if (grad != nullptr) return loss_row_variant<Math, Plain>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
+  return loss_row_variant<Math, PlainNoGrad>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
+}
+
+// The float row loop for AVX2, chosen at run time on CPUs that have it (a portable build otherwise gets SSE2).
+// AVX-512 is used only when the whole translation unit targets it (-mavx512f, -march=native): GCC lowers 512-bit
+// generic vector comparisons piecewise inside a function that merely carries a target attribute.
+#if defined(DAPO_HAVE_FLOAT_VECTOR) && (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX2__)
+#define DAPO_X86_AVX2_DISPATCH 1
+template <bool kPerTokenAdvantage, class T, class A, class M, class G>
+__attribute__((target("avx2,fma"))) bool loss_row_avx2(const core::PolicyLossInputs<T, A, M>& in, int64_t row,
+                                                       double low, double high, double dual_clip, G* grad,
+                                                       RowSums& sums, int64_t& bad_col) {
+  return loss_row<simd::FloatVector<8>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+}
+#endif
+
+// The widest float vector this build runs on this CPU: 16 (compiled for AVX-512), 8 (compiled for AVX2, or AVX2 +
+// FMA found at run time) or 4 (the SSE2 / NEON baseline).
+inline int widest_float_lanes() {
+#if !defined(DAPO_HAVE_FLOAT_VECTOR)
+  return 1;
+#elif defined(__AVX512F__)
+  return 16;
+#elif defined(__AVX2__)
+  return 8;
+#elif defined(DAPO_X86_AVX2_DISPATCH)
+  static const int lanes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 8 : 4;
+  return lanes;
+#else
+  return 4;
+#endif
+}
+
+// loss_row in the compute type C: double one value at a time, float in vectors of float_lanes.
+template <class C, bool kPerTokenAdvantage, class T, class A, class M, class G>
+bool loss_row_dispatch(int float_lanes, const core::PolicyLossInputs<T, A, M>& in, int64_t row, double low,
+                       double high, double dual_clip, G* grad, RowSums& sums, int64_t& bad_col) {
+#if defined(DAPO_HAVE_FLOAT_VECTOR)
+  if constexpr (std::is_same_v<C, float>) {
+    if (float_lanes == 1) {
+      return loss_row<simd::Scalar<C>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+    }
+#if defined(__AVX512F__)
+    if (float_lanes == 16) {
+      return loss_row<simd::FloatVector<16>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+    }
+#endif
+#if defined(__AVX2__)
+    if (float_lanes == 8) {
+      return loss_row<simd::FloatVector<8>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+    }
+#elif defined(DAPO_X86_AVX2_DISPATCH)
+    if (float_lanes == 8) return loss_row_avx2<kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+#endif
+    return loss_row<simd::FloatVector<4>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+  }
+#endif
+  (void)float_lanes;
+  return loss_row<simd::Scalar<C>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+}
+
+template <class G>
+void scale_rows(G* grad, int64_t first_row, int64_t last_row, int64_t cols, double factor) {
+  if (grad == nullptr || factor == 1.0) return;
+  const auto scale = static_cast<G>(factor);
+  for (int64_t i = first_row * cols; i < last_row * cols; ++i) grad[i] *= scale;
+}
+
+}  // namespace detail
+
+namespace core {
+
+// The fused policy loss: one pass over the inputs writes the raw gradient (when raw_grad is not null) and returns the
+// loss, the metrics and grad_scale (d loss / d logp = raw_grad * grad_scale). The per-row part of each aggregation's
+// weight (1 / response tokens, 1 / group tokens) is applied while the row or group is still in cache.
+// Checks the data (mask values, empty groups, global token count); the caller has checked shapes and options.
+// float_lanes: the SIMD width for float compute (0: the widest this CPU runs; 4, 8, 16 to force one, for tests).
+template <class C, class T, class A, class M, class G, class ParallelFor = SerialFor>
+PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
+                                          G* raw_grad, const char* where, const ParallelFor& parallel = {},
+                                          int float_lanes = 0) {
+  const bool grouped = options.aggregation == LossAggregation::kGroupTokenMean;
+  const int64_t unit = grouped ? options.group_size : 1;  // a block never splits a group
+  constexpr int64_t kBlockTokens = 1 << 15;
+  const int64_t rows_per_unit_block = in.cols > 0 ? (kBlockTokens / (in.cols * unit)) : 1;
+  const int64_t block_rows = unit * (rows_per_unit_block > 1 ? rows_per_unit_block : 1);
+  const int64_t num_blocks = (in.rows + block_rows - 1) / block_rows;
+  std::vector<detail::BlockSums> blocks(static_cast<std::size_t>(num_blocks));
+
+  const double low = 1.0 - options.clip_low, high = 1.0 + options.clip_high;
+  DAPO_REQUIRE(float_lanes == 0 || float_lanes == 1 || float_lanes == 4 || float_lanes == 8 || float_lanes == 16, where,
+               "float_lanes is ", float_lanes, ", expected 0 (the widest this CPU runs), 1, 4, 8 or 16");
+  DAPO_REQUIRE(float_lanes <= detail::widest_float_lanes(), where, "float_lanes is ", float_lanes,
+               " but this CPU runs at most ", detail::widest_float_lanes());
+  const int lanes = float_lanes == 0 ? detail::widest_float_lanes() : float_lanes;
+  const bool per_row_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean;
+
+  parallel(num_blocks, [&](int64_t first_block, int64_t last_block) {
+    for (int64_t block = first_block; block < last_block; ++block) {
+      detail::BlockSums& sums = blocks[static_cast<std::size_t>(block)];
+      const int64_t block_end = (block + 1) * block_rows < in.rows ? (block + 1) * block_rows : in.rows;
+      for (int64_t unit_start = block * block_rows; unit_start < block_end; unit_start += unit) {
+        detail::RowSums unit_sums;
+        for (int64_t row = unit_start; row < unit_start + unit; ++row) {
+          detail::RowSums row_sums;
+          int64_t bad_col = 0;
+          const bool ok = in.per_token_advantages
+                              ? detail::loss_row_dispatch<C, true>(lanes, in, row, low, high, options.dual_clip,
+                                                                   raw_grad, row_sums, bad_col)
+                              : detail::loss_row_dispatch<C, false>(lanes, in, row, low, high, options.dual_clip,
+                                                                    raw_grad, row_sums, bad_col);
+          if (!ok) {
+            const M value = in.mask[row * in.cols + bad_col];
+            sums.error = dapo::detail::concat(where, ": mask[", row, ", ", bad_col, "] is ",
+                                              static_cast<double>(value), ", expected 0 or 1");
+            return;
+          }
+          sums.nonempty_rows += row_sums.tokens > 0.0;
+          if (per_row_mean && row_sums.tokens > 0.0) {
+            detail::scale_rows(raw_grad, row, row + 1, in.cols, 1.0 / row_sums.tokens);
+            row_sums.loss /= row_sums.tokens;
+          }
+          unit_sums.loss += row_sums.loss;
+          unit_sums.tokens += row_sums.tokens;
+          unit_sums.clipped += row_sums.clipped;
+          unit_sums.dual_clipped += row_sums.dual_clipped;
+          unit_sums.kl += row_sums.kl;
+        }
+        if (grouped) {
+          if (unit_sums.tokens == 0.0) {
+            sums.error = dapo::detail::concat(where, ": group ", unit_start / unit, " (rows ", unit_start, "..",
+                                              unit_start + unit - 1,
+                                              ") has no masked token; group-token-mean is undefined for it");
+            return;
+          }
+          detail::scale_rows(raw_grad, unit_start, unit_start + unit, in.cols, 1.0 / unit_sums.tokens);
+          unit_sums.loss /= unit_sums.tokens;
+        }
+        sums.loss += unit_sums.loss;
+        sums.tokens += unit_sums.tokens;
+        sums.clipped += unit_sums.clipped;
+        sums.dual_clipped += unit_sums.dual_clipped;
+        sums.kl += unit_sums.kl;
+      }
+    }
+  });
+
+  detail::BlockSums total;
+  for (const auto& block : blocks) {
+    if (!block.error.empty()) throw std::invalid_argument(block.error);
+    total.loss += block.loss;
+    total.tokens += block.tokens;
+    total.clipped += block.clipped;
+    total.dual_clipped += block.dual_clipped;
+    total.kl += block.kl;
+    total.nonempty_rows += block.nonempty_rows;
+  }
+  DAPO_REQUIRE(options.global_token_count == 0.0 || options.global_token_count >= total.tokens, where,
+               "global_token_count is ", options.global_token_count, " but this batch alone holds ", total.tokens,
+               " masked tokens");
+
+  double scale = 0.0;
+  switch (options.aggregation) {
+    case LossAggregation::kTokenMean: {
+      const double denominator = options.global_token_count > 0.0 ? options.global_token_count : total.tokens;
+      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
+      break;
+    }
+    case LossAggregation::kGroupTokenMean:
+      scale = in.rows > 0 ? static_cast<double>(unit) / static_cast<double>(in.rows) : 0.0;
+      break;
+    case LossAggregation::kSeqMeanTokenMean:
+    case LossAggregation::kSeqMeanTokenSum:
+      scale = total.nonempty_rows > 0 ? 1.0 / static_cast<double>(total.nonempty_rows) : 0.0;
+      break;
+    case LossAggregation::kSeqMeanTokenSumNorm: {
+      const double norm_length = options.norm_length > 0.0 ? options.norm_length : static_cast<double>(in.cols);
+      scale = in.rows > 0 ? 1.0 / (norm_length * static_cast<double>(in.rows)) : 0.0;
+      break;
+    }
+  }
+  PolicyLossKernelResult out;
+  out.grad_scale = scale;
+  out.result.loss = total.loss * scale;
+  out.result.token_count = total.tokens;
+  if (total.tokens > 0.0) {
+    out.result.clip_fraction = total.clipped / total.tokens;
+    out.result.dual_clip_fraction = total.dual_clipped / total.tokens;
+    out.result.approx_kl = total.kl / total.tokens;
+  }
+  return out;
+}
+
 // logp, old_logp, mask [B, T]; advantages [B] or [B, T]; grad_logp [B, T] or empty (then no gradient is written).
-// Accumulates in double. With no masked token at all the loss, the metrics and the gradient are 0, except under
-// kGroupTokenMean, where every group must hold a token (an empty group has no mean).
+// Computes in T (float or double), sums in double. With no masked token at all the loss, the metrics and the gradient
+// are 0, except under kGroupTokenMean, where every group must hold a token (an empty group has no mean).
 template <std::floating_point T>
 PolicyLossResult policy_loss(std::span<const T> logp, std::span<const T> old_logp, std::span<const T> advantages,
                              std::span<const T> mask, int64_t rows, int64_t cols, const PolicyLossOptions& options = {},
@@ -186,91 +520,14 @@ PolicyLossResult policy_loss(std::span<const T> logp, std::span<const T> old_log
                "advantages has ", advantages.size(), " elements, expected B = ", rows, " or B * T = ", size);
   DAPO_REQUIRE(grad_logp.empty() || grad_logp.size() == size, kWhere, "grad_logp has ", grad_logp.size(),
                " elements, expected 0 (no gradient) or ", size);
-  detail::check_policy_loss_options(options, rows, kWhere);
-  const bool per_token_advantage = advantages.size() == size && cols != 1;
-  const int64_t group_size = options.aggregation == LossAggregation::kGroupTokenMean ? options.group_size : 1;
+  dapo::detail::check_policy_loss_options(options, rows, kWhere);
 
-  // Pass 1 over the mask: token totals, non-empty rows, and every group non-empty under kGroupTokenMean.
-  double token_count = 0.0;
-  int64_t nonempty_rows = 0;
-  for (int64_t group_start = 0; group_start < rows; group_start += group_size) {
-    double group_tokens = 0.0;
-    for (int64_t b = group_start; b < group_start + group_size; ++b) {
-      const double row_tokens = detail::masked_row_count(mask.data() + b * cols, cols, kWhere, b);
-      group_tokens += row_tokens;
-      nonempty_rows += row_tokens > 0.0;
-    }
-    DAPO_REQUIRE(options.aggregation != LossAggregation::kGroupTokenMean || group_tokens > 0.0, kWhere, "group ",
-                 group_start / group_size, " (rows ", group_start, "..", group_start + group_size - 1,
-                 ") has no masked token; group-token-mean is undefined for it");
-    token_count += group_tokens;
-  }
-  DAPO_REQUIRE(options.global_token_count == 0.0 || options.global_token_count >= token_count, kWhere,
-               "global_token_count is ", options.global_token_count, " but this batch alone holds ", token_count,
-               " masked tokens");
-
-  // Pass 2: per-row weight of the aggregation, then the tokens.
-  PolicyLossResult result;
-  result.token_count = token_count;
-  double clipped = 0.0, dual_clipped = 0.0, kl_sum = 0.0;
-  const double norm_length = options.norm_length > 0.0 ? options.norm_length : static_cast<double>(cols);
-  const int64_t num_groups = rows / group_size;
-  double group_tokens = 0.0;
-  for (int64_t b = 0; b < rows; ++b) {
-    const T* mask_row = mask.data() + b * cols;
-    double row_weight = 0.0;
-    switch (options.aggregation) {
-      case LossAggregation::kTokenMean: {
-        const double denominator = options.global_token_count > 0.0 ? options.global_token_count : token_count;
-        row_weight = denominator > 0.0 ? 1.0 / denominator : 0.0;
-        break;
-      }
-      case LossAggregation::kGroupTokenMean:
-        if (b % group_size == 0) {
-          group_tokens = 0.0;
-          for (int64_t r = b; r < b + group_size; ++r) {
-            group_tokens += detail::masked_row_count(mask.data() + r * cols, cols, kWhere, r);
-          }
-        }
-        row_weight = 1.0 / (group_tokens * static_cast<double>(num_groups));
-        break;
-      case LossAggregation::kSeqMeanTokenMean: {
-        const double row_tokens = detail::masked_row_count(mask_row, cols, kWhere, b);
-        row_weight = row_tokens > 0.0 ? 1.0 / (row_tokens * static_cast<double>(nonempty_rows)) : 0.0;
-        break;
-      }
-      case LossAggregation::kSeqMeanTokenSum:
-        row_weight = nonempty_rows > 0 ? 1.0 / static_cast<double>(nonempty_rows) : 0.0;
-        break;
-      case LossAggregation::kSeqMeanTokenSumNorm:
-        row_weight = rows > 0 ? 1.0 / (norm_length * static_cast<double>(rows)) : 0.0;
-        break;
-    }
-    double row_loss = 0.0;
-    for (int64_t t = 0; t < cols; ++t) {
-      const int64_t i = b * cols + t;
-      if (mask_row[t] == T(0)) {
-        if (!grad_logp.empty()) grad_logp[i] = T(0);
-        continue;
-      }
-      const double advantage = static_cast<double>(per_token_advantage ? advantages[i] : advantages[b]);
-      const double new_lp = static_cast<double>(logp[i]), old_lp = static_cast<double>(old_logp[i]);
-      const detail::ClippedToken token =
-          detail::clipped_token(new_lp, old_lp, advantage, options.clip_low, options.clip_high, options.dual_clip);
-      row_loss += token.loss;
-      if (!grad_logp.empty()) grad_logp[i] = static_cast<T>(row_weight * token.grad);
-      clipped += token.clipped;
-      dual_clipped += token.dual_clipped;
-      kl_sum += -std::clamp(new_lp - old_lp, -20.0, 20.0);
-    }
-    result.loss += row_weight * row_loss;
-  }
-  if (token_count > 0.0) {
-    result.clip_fraction = clipped / token_count;
-    result.dual_clip_fraction = dual_clipped / token_count;
-    result.approx_kl = kl_sum / token_count;
-  }
-  return result;
+  const PolicyLossInputs<T, T, T> inputs{logp.data(), old_logp.data(), advantages.data(), mask.data(), rows, cols,
+                                         advantages.size() == size && cols != 1};
+  T* grad = grad_logp.empty() ? nullptr : grad_logp.data();
+  const auto out = policy_loss_kernel<T>(inputs, options, grad, kWhere);
+  detail::scale_rows(grad, 0, rows, cols, out.grad_scale);
+  return out.result;
 }
 
 }  // namespace core

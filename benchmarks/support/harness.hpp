@@ -1,0 +1,86 @@
+// Benchmark harness: wall-clock timing (best of repeats after warm-up), the machine's description, a printed table
+// and a JSON record. Benchmarks check their result against the reference before they time anything.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dapo::bench {
+
+// Best (minimum) seconds of `repeats` runs after `warmup` runs; the minimum is the least noisy estimate of the cost.
+inline double best_seconds(const std::function<void()>& run, int repeats, int warmup = 1) {
+  for (int i = 0; i < warmup; ++i) run();
+  double best = 1e300;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+inline std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+inline nlohmann::json machine() {
+  return {{"cpu", cpu_model()},
+          {"hardware_threads", std::thread::hardware_concurrency()},
+          {"torch_threads", at::get_num_threads()},
+          {"libtorch", std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                           std::to_string(TORCH_VERSION_PATCH)}};
+}
+
+// Throws when a benchmark's result disagrees with its reference: a fast wrong answer is not a result.
+inline void require_close(double actual, double expected, double relative, const std::string& what) {
+  if (!(std::abs(actual - expected) <= relative * std::max(1.0, std::abs(expected)))) {
+    throw std::runtime_error(what + ": " + std::to_string(actual) + " vs reference " + std::to_string(expected));
+  }
+}
+
+inline void require_close(const at::Tensor& actual, const at::Tensor& expected, double relative,
+                          const std::string& what) {
+  const double error = (actual.to(at::kDouble) - expected.to(at::kDouble)).norm().item<double>();
+  const double scale = std::max(expected.to(at::kDouble).norm().item<double>(), 1e-30);
+  if (!(error <= relative * scale)) {
+    throw std::runtime_error(what + ": relative L2 error " + std::to_string(error / scale) + " > " +
+                             std::to_string(relative));
+  }
+}
+
+inline void write_json(const nlohmann::json& record, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write " + path);
+  out << record.dump(2) << "\n";
+}
+
+inline int parse_threads(int argc, char** argv, std::string& json_path) {
+  int threads = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--threads") threads = std::stoi(argv[i + 1]);
+    else if (flag == "--json") json_path = argv[i + 1];
+    else throw std::invalid_argument("unknown option " + flag + " (expected --threads N, --json PATH)");
+  }
+  return threads;
+}
+
+}  // namespace dapo::bench

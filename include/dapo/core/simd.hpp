@@ -1,0 +1,190 @@
+// Arithmetic policies for dapo's elementwise CPU kernels: Scalar<C> (one float or double at a time, also usable in
+// CUDA device code) and FloatVector (a SIMD register of floats, through GCC/Clang vector extensions). A kernel written
+// once against the policy interface runs with either; not a general SIMD library.
+//
+// Policy interface: Value, kLanes, splat(x), select(mask, a, b), exp(v), load<T>(p), load_partial<T>(p, n),
+// store(p, v), store_partial(p, v, n), sum(v). Comparisons and + - * come from the language.
+// FloatVector<kLanes> holds 4, 8 or 16 floats; kernels pick the width at run time from the CPU (see
+// <dapo/core/loss.hpp>), so a portable build still uses AVX2 or AVX-512 where the machine has them.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#if defined(__CUDACC__)
+#define DAPO_HOST_DEVICE __host__ __device__
+#define DAPO_INLINE __forceinline__
+#elif defined(__GNUC__)
+#define DAPO_HOST_DEVICE
+// Always inlined, so that a kernel compiled for a wider instruction set (target attributes) compiles these with it.
+#define DAPO_INLINE [[gnu::always_inline]] inline
+#else
+#define DAPO_HOST_DEVICE
+#define DAPO_INLINE inline
+#endif
+
+namespace dapo::simd {
+
+template <class C>
+struct Scalar {
+  using Value = C;
+  static constexpr int kLanes = 1;
+  DAPO_HOST_DEVICE DAPO_INLINE static Value splat(double x) { return static_cast<Value>(x); }
+  template <class Mask>
+  DAPO_HOST_DEVICE DAPO_INLINE static Value select(Mask mask, Value a, Value b) {
+    return mask ? a : b;
+  }
+  DAPO_HOST_DEVICE DAPO_INLINE static Value exp(Value x) { return std::exp(x); }
+  template <class T>
+  DAPO_HOST_DEVICE DAPO_INLINE static Value load(const T* p) {
+    return static_cast<Value>(*p);
+  }
+  template <class T>
+  DAPO_HOST_DEVICE DAPO_INLINE static Value load_partial(const T* p, int64_t) {
+    return static_cast<Value>(*p);
+  }
+  template <class G>
+  DAPO_HOST_DEVICE DAPO_INLINE static void store(G* p, Value v) {
+    *p = static_cast<G>(v);
+  }
+  template <class G>
+  DAPO_HOST_DEVICE DAPO_INLINE static void store_partial(G* p, Value v, int64_t) {
+    *p = static_cast<G>(v);
+  }
+  DAPO_HOST_DEVICE DAPO_INLINE static double sum(Value v) { return static_cast<double>(v); }
+};
+
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define DAPO_HAVE_FLOAT_VECTOR 1
+
+// Wide vector types in signatures trigger GCC's note that their ABI depends on -mavx; every function here is
+// always inlined into its caller, so no such ABI boundary exists. GCC emits the note for template instantiations at
+// the end of the translation unit, so only -Wpsabi stays off after this header.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+// GCC ignores vector_size on a type that depends on a template parameter, so the three widths are spelled out.
+template <int kLaneCount>
+struct VectorTypes;
+template <>
+struct VectorTypes<4> {
+  typedef float Value __attribute__((vector_size(16)));
+  typedef int32_t Bits __attribute__((vector_size(16)));
+  typedef uint8_t WideBytes __attribute__((vector_size(16)));
+  typedef uint32_t Words __attribute__((vector_size(16)));
+};
+template <>
+struct VectorTypes<8> {
+  typedef float Value __attribute__((vector_size(32)));
+  typedef int32_t Bits __attribute__((vector_size(32)));
+  typedef uint8_t WideBytes __attribute__((vector_size(32)));
+  typedef uint32_t Words __attribute__((vector_size(32)));
+};
+template <>
+struct VectorTypes<16> {
+  typedef float Value __attribute__((vector_size(64)));
+  typedef int32_t Bits __attribute__((vector_size(64)));
+  typedef uint8_t WideBytes __attribute__((vector_size(64)));
+  typedef uint32_t Words __attribute__((vector_size(64)));
+};
+
+template <int kLaneCount>
+struct FloatVector {
+  using Value = typename VectorTypes<kLaneCount>::Value;
+  using Bits = typename VectorTypes<kLaneCount>::Bits;  // what comparisons return
+  static constexpr int kLanes = kLaneCount;
+
+  DAPO_INLINE static Value splat(double x) { return Value{} + static_cast<float>(x); }
+
+  DAPO_INLINE static Value select(Bits mask, Value a, Value b) {
+#if defined(__clang__)
+    return std::bit_cast<Value>((std::bit_cast<Bits>(a) & mask) | (std::bit_cast<Bits>(b) & ~mask));
+#else
+    return mask ? a : b;  // GCC: a blend instruction where the target has one
+#endif
+  }
+
+  // exp with a relative error below 1e-7 (Cephes expf: 2^n * p(r), |r| <= ln2 / 2) for x in [-87, 88], which is all
+  // dapo's kernels pass (log-ratios are clamped to [-20, 20] first); NaN stays NaN.
+  DAPO_INLINE static Value exp(Value x) {
+    const Bits is_number = x == x;
+    const Value v = select(is_number, x, splat(0.0));
+    const Value scaled = v * 1.44269504088896341f;
+    const Bits n = __builtin_convertvector(scaled + select(scaled >= splat(0.0), splat(0.5), splat(-0.5)), Bits);
+    const Value fn = __builtin_convertvector(n, Value);
+    const Value r = v - fn * 0.693359375f + fn * 2.12194440e-4f;  // v - n ln2, ln2 split for exactness
+    Value p = splat(1.9875691500e-4);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const Value two_to_n = std::bit_cast<Value>((n + 127) << 23);
+    return select(is_number, p * two_to_n, x);
+  }
+
+  // kLanes bytes (bool or uint8) widened to 32-bit lanes with one byte shuffle: GCC turns a byte-to-int
+  // __builtin_convertvector into one scalar insert per lane.
+  template <class Byte, std::size_t... kIndex>
+  DAPO_INLINE static Bits widen_bytes(const Byte* p, std::index_sequence<kIndex...>) {
+    using Wide = typename VectorTypes<kLaneCount>::WideBytes;  // as many bytes as Bits has
+    // Built from integers, not by a small memcpy into a wide stack slot: that would stall store forwarding.
+    using Words = typename VectorTypes<kLaneCount>::Words;
+    uint32_t head[kLanes / 4];
+    std::memcpy(head, p, kLanes);
+    Words words = {};
+    for (int i = 0; i < kLanes / 4; ++i) words[i] = head[i];
+    const Wide bytes = std::bit_cast<Wide>(words);
+    constexpr int kZero = kLanes * 4;  // any index of the second (all-zero) operand
+    const Wide spread = __builtin_shufflevector(bytes, Wide{}, (kIndex % 4 == 0 ? int(kIndex / 4) : kZero)...);
+    return std::bit_cast<Bits>(spread);
+  }
+
+  template <class T>
+  DAPO_INLINE static Value load(const T* p) {
+    if constexpr (std::is_same_v<T, float>) {
+      Value v;
+      std::memcpy(&v, p, sizeof v);
+      return v;
+    } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, uint8_t>) {
+      return __builtin_convertvector(widen_bytes(p, std::make_index_sequence<kLanes * 4>{}), Value);
+    } else {
+      return load_partial(p, kLanes);
+    }
+  }
+  // The first n lanes from p, the rest 0.
+  template <class T>
+  DAPO_INLINE static Value load_partial(const T* p, int64_t n) {
+    float lanes[kLanes] = {};
+    for (int64_t i = 0; i < n; ++i) lanes[i] = static_cast<float>(p[i]);
+    Value v;
+    std::memcpy(&v, lanes, sizeof v);
+    return v;
+  }
+  template <class G>
+  DAPO_INLINE static void store(G* p, Value v) {
+    if constexpr (std::is_same_v<G, float>) {
+      std::memcpy(p, &v, sizeof v);
+    } else {
+      for (int i = 0; i < kLanes; ++i) p[i] = static_cast<G>(v[i]);
+    }
+  }
+  template <class G>
+  DAPO_INLINE static void store_partial(G* p, Value v, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<G>(v[i]);
+  }
+  DAPO_INLINE static double sum(Value v) {
+    double total = 0.0;
+    for (int i = 0; i < kLanes; ++i) total += v[i];
+    return total;
+  }
+};
+#endif
+
+}  // namespace dapo::simd
