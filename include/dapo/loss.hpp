@@ -11,10 +11,10 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
+#include "dapo/detail/aten_kernels.hpp"
 #include "dapo/detail/loss_tensors.hpp"
 #include "dapo/reference/loss.hpp"
 
@@ -28,27 +28,6 @@ using PolicyLossImpl = PolicyLossOutput (*)(const torch::Tensor& logp, const tor
 inline PolicyLossImpl& cuda_policy_loss_impl() {
   static PolicyLossImpl impl = nullptr;
   return impl;
-}
-
-// Hands the core kernel's blocks to ATen's thread pool.
-struct AtenParallelFor {
-  template <class Body>
-  void operator()(int64_t count, const Body& body) const {
-    at::parallel_for(0, count, 1, body);
-  }
-};
-
-// Calls fn(compute_type_tag, logp_type_tag) for the dtype of logp: float and double compute in themselves, 16-bit
-// floats in float.
-template <class Fn>
-void visit_logp_dtype(torch::ScalarType dtype, const Fn& fn) {
-  switch (dtype) {
-    case torch::kFloat32: return fn(float{}, float{});
-    case torch::kFloat64: return fn(double{}, double{});
-    case torch::kBFloat16: return fn(float{}, c10::BFloat16{});
-    case torch::kHalf: return fn(float{}, c10::Half{});
-    default: DAPO_REQUIRE(false, "dapo::policy_loss", "unsupported logp dtype ", dtype);
-  }
 }
 
 template <class Fn>
@@ -68,15 +47,14 @@ struct FusedPolicyLoss : torch::autograd::Function<FusedPolicyLoss> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logp,
                                                 const torch::Tensor& old_logp, const torch::Tensor& advantages,
                                                 const torch::Tensor& mask, const PolicyLossOptions& options) {
-    const bool reduced = logp.scalar_type() == torch::kBFloat16 || logp.scalar_type() == torch::kHalf;
-    const auto compute_type = reduced ? torch::kFloat32 : logp.scalar_type();
+    const auto compute_type = compute_dtype(logp.scalar_type());
     const torch::Tensor logp_c = logp.contiguous(), old_logp_c = old_logp.contiguous(), mask_c = mask.contiguous();
     const torch::Tensor advantages_c = advantages.to(compute_type).contiguous();
     const bool want_grad = logp.requires_grad();
     torch::Tensor raw_grad = want_grad ? torch::empty(logp.sizes(), logp.options().dtype(compute_type)) : torch::Tensor();
 
     core::PolicyLossKernelResult out;
-    visit_logp_dtype(logp.scalar_type(), [&](auto compute_tag, auto logp_tag) {
+    visit_floating_dtype(logp.scalar_type(), "dapo::policy_loss", [&](auto compute_tag, auto logp_tag) {
       using C = decltype(compute_tag);
       using T = decltype(logp_tag);
       visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {

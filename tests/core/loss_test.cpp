@@ -218,10 +218,10 @@ TEST_CASE("every SIMD width of the float kernel agrees with the double kernel (a
   std::mt19937_64 rng(21);
   std::vector<int> widths{1};
   for (const int lanes : {4, 8, 16}) {
-    if (lanes <= dapo::detail::widest_float_lanes()) widths.push_back(lanes);
+    if (lanes <= dapo::simd::widest_float_lanes()) widths.push_back(lanes);
   }
   MESSAGE("float kernel widths tested: " << widths.size() << " (widest on this CPU: "
-                                          << dapo::detail::widest_float_lanes() << ")");
+                                          << dapo::simd::widest_float_lanes() << ")");
   for (const auto& [aggregation, name] : dapo::kAggregationNames) {
     for (const double dual_clip : {0.0, 3.0}) {
       for (const bool per_token : {false, true}) {

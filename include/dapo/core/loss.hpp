@@ -312,63 +312,16 @@ DAPO_INLINE bool loss_row(const core::PolicyLossInputs<T, A, M>& in, int64_t row
   return loss_row_variant<Math, PlainNoGrad>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
 }
 
-// The float row loop for AVX2, chosen at run time on CPUs that have it (a portable build otherwise gets SSE2).
-// AVX-512 is used only when the whole translation unit targets it (-mavx512f, -march=native): GCC lowers 512-bit
-// generic vector comparisons piecewise inside a function that merely carries a target attribute.
-#if defined(DAPO_HAVE_FLOAT_VECTOR) && (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX2__)
-#define DAPO_X86_AVX2_DISPATCH 1
-template <bool kPerTokenAdvantage, class T, class A, class M, class G>
-__attribute__((target("avx2,fma"))) bool loss_row_avx2(const core::PolicyLossInputs<T, A, M>& in, int64_t row,
-                                                       double low, double high, double dual_clip, G* grad,
-                                                       RowSums& sums, int64_t& bad_col) {
-  return loss_row<simd::FloatVector<8>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
-}
-#endif
-
-// The widest float vector this build runs on this CPU: 16 (compiled for AVX-512), 8 (compiled for AVX2, or AVX2 +
-// FMA found at run time) or 4 (the SSE2 / NEON baseline).
-inline int widest_float_lanes() {
-#if !defined(DAPO_HAVE_FLOAT_VECTOR)
-  return 1;
-#elif defined(__AVX512F__)
-  return 16;
-#elif defined(__AVX2__)
-  return 8;
-#elif defined(DAPO_X86_AVX2_DISPATCH)
-  static const int lanes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 8 : 4;
-  return lanes;
-#else
-  return 4;
-#endif
-}
-
-// loss_row in the compute type C: double one value at a time, float in vectors of float_lanes.
-template <class C, bool kPerTokenAdvantage, class T, class A, class M, class G>
-bool loss_row_dispatch(int float_lanes, const core::PolicyLossInputs<T, A, M>& in, int64_t row, double low,
-                       double high, double dual_clip, G* grad, RowSums& sums, int64_t& bad_col) {
-#if defined(DAPO_HAVE_FLOAT_VECTOR)
-  if constexpr (std::is_same_v<C, float>) {
-    if (float_lanes == 1) {
-      return loss_row<simd::Scalar<C>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
-    }
-#if defined(__AVX512F__)
-    if (float_lanes == 16) {
-      return loss_row<simd::FloatVector<16>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
-    }
-#endif
-#if defined(__AVX2__)
-    if (float_lanes == 8) {
-      return loss_row<simd::FloatVector<8>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
-    }
-#elif defined(DAPO_X86_AVX2_DISPATCH)
-    if (float_lanes == 8) return loss_row_avx2<kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
-#endif
-    return loss_row<simd::FloatVector<4>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
+// loss_row as a kernel for simd::run: one instantiation per arithmetic (Scalar, FloatVector<4, 8, 16>).
+template <bool kPerTokenAdvantage>
+struct LossRowKernel {
+  template <class Math, class T, class A, class M, class G>
+  DAPO_INLINE static bool run(const core::PolicyLossInputs<T, A, M>& in, const int64_t& row, const double& low,
+                              const double& high, const double& dual_clip, G* const& grad, RowSums& sums,
+                              int64_t& bad_col) {
+    return loss_row<Math, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
   }
-#endif
-  (void)float_lanes;
-  return loss_row<simd::Scalar<C>, kPerTokenAdvantage>(in, row, low, high, dual_clip, grad, sums, bad_col);
-}
+};
 
 template <class G>
 void scale_rows(G* grad, int64_t first_row, int64_t last_row, int64_t cols, double factor) {
@@ -399,11 +352,7 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
   std::vector<detail::BlockSums> blocks(static_cast<std::size_t>(num_blocks));
 
   const double low = 1.0 - options.clip_low, high = 1.0 + options.clip_high;
-  DAPO_REQUIRE(float_lanes == 0 || float_lanes == 1 || float_lanes == 4 || float_lanes == 8 || float_lanes == 16, where,
-               "float_lanes is ", float_lanes, ", expected 0 (the widest this CPU runs), 1, 4, 8 or 16");
-  DAPO_REQUIRE(float_lanes <= detail::widest_float_lanes(), where, "float_lanes is ", float_lanes,
-               " but this CPU runs at most ", detail::widest_float_lanes());
-  const int lanes = float_lanes == 0 ? detail::widest_float_lanes() : float_lanes;
+  const int lanes = simd::resolve_float_lanes(float_lanes, where);
   const bool per_row_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean;
 
   parallel(num_blocks, [&](int64_t first_block, int64_t last_block) {
@@ -416,10 +365,12 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
           detail::RowSums row_sums;
           int64_t bad_col = 0;
           const bool ok = in.per_token_advantages
-                              ? detail::loss_row_dispatch<C, true>(lanes, in, row, low, high, options.dual_clip,
-                                                                   raw_grad, row_sums, bad_col)
-                              : detail::loss_row_dispatch<C, false>(lanes, in, row, low, high, options.dual_clip,
-                                                                    raw_grad, row_sums, bad_col);
+                              ? simd::run<C, detail::LossRowKernel<true>>(lanes, in, row, low, high,
+                                                                          options.dual_clip, raw_grad, row_sums,
+                                                                          bad_col)
+                              : simd::run<C, detail::LossRowKernel<false>>(lanes, in, row, low, high,
+                                                                           options.dual_clip, raw_grad, row_sums,
+                                                                           bad_col);
           if (!ok) {
             const M value = in.mask[row * in.cols + bad_col];
             sums.error = dapo::detail::concat(where, ": mask[", row, ", ", bad_col, "] is ",

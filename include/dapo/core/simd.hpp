@@ -3,7 +3,7 @@
 // once against the policy interface runs with either; not a general SIMD library.
 //
 // Policy interface: Value, kLanes, splat(x), select(mask, a, b), exp(v), load<T>(p), load_partial<T>(p, n),
-// store(p, v), store_partial(p, v, n), sum(v). Comparisons and + - * come from the language.
+// store(p, v), store_partial(p, v, n), sum(v) and max(v) across lanes (as double). Comparisons and + - * come from the language.
 // FloatVector<kLanes> holds 4, 8 or 16 floats; kernels pick the width at run time from the CPU (see
 // <dapo/core/loss.hpp>), so a portable build still uses AVX2 or AVX-512 where the machine has them.
 #pragma once
@@ -14,6 +14,14 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+
+#include "dapo/core/error.hpp"
+
+// "float_lanes is 3, expected 0 (the widest this CPU runs), 1, 4, 8 or 16 that this CPU runs (at most 8)"
+#define DAPO_SIMD_REQUIRE(condition, where, requested)                                                          \
+  DAPO_REQUIRE(condition, where, "float_lanes is ", requested,                                                  \
+               ", expected 0 (the widest this CPU runs), 1, 4, 8 or 16 that this CPU runs (at most ",          \
+               ::dapo::simd::widest_float_lanes(), ")")
 
 #if defined(__CUDACC__)
 #define DAPO_HOST_DEVICE __host__ __device__
@@ -56,6 +64,7 @@ struct Scalar {
     *p = static_cast<G>(v);
   }
   DAPO_HOST_DEVICE DAPO_INLINE static double sum(Value v) { return static_cast<double>(v); }
+  DAPO_HOST_DEVICE DAPO_INLINE static double max(Value v) { return static_cast<double>(v); }
 };
 
 #if defined(__GNUC__) && !defined(__CUDACC__)
@@ -184,7 +193,84 @@ struct FloatVector {
     for (int i = 0; i < kLanes; ++i) total += v[i];
     return total;
   }
+  DAPO_INLINE static double max(Value v) {
+    double largest = v[0];
+    for (int i = 1; i < kLanes; ++i) largest = v[i] > largest ? v[i] : largest;
+    return largest;
+  }
 };
 #endif
+
+// The widest float vector this build runs on this CPU: 16 (compiled for AVX-512), 8 (compiled for AVX2, or AVX2 + FMA
+// found at run time) or 4 (the SSE2 / NEON baseline); 1 without vector extensions.
+// AVX-512 is used only when the whole translation unit targets it (-mavx512f, -march=native): GCC lowers 512-bit
+// generic vector comparisons piecewise inside a function that merely carries a target attribute.
+#if defined(DAPO_HAVE_FLOAT_VECTOR) && (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX2__)
+#define DAPO_X86_AVX2_DISPATCH 1
+#endif
+
+inline int widest_float_lanes() {
+#if !defined(DAPO_HAVE_FLOAT_VECTOR)
+  return 1;
+#elif defined(__AVX512F__)
+  return 16;
+#elif defined(__AVX2__)
+  return 8;
+#elif defined(DAPO_X86_AVX2_DISPATCH)
+  static const int lanes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 8 : 4;
+  return lanes;
+#else
+  return 4;
+#endif
+}
+
+#if defined(DAPO_X86_AVX2_DISPATCH)
+// Kernel::run<FloatVector<8>> compiled for AVX2: Kernel::run and everything it calls are always inlined, so they are
+// compiled here, with this function's instruction set. (No lambda may sit in between: it would not be inlined.)
+template <class Kernel, class... Args>
+__attribute__((target("avx2,fma"))) decltype(auto) run_avx2(Args&... args) {
+  return Kernel::template run<FloatVector<8>>(args...);
+}
+#endif
+
+// Runs Kernel::template run<Math>(args...) for float data with `lanes` float lanes (1: Scalar<float>; 4, 8, 16:
+// FloatVector), which must not exceed widest_float_lanes().
+template <class Kernel, class... Args>
+decltype(auto) run_float(int lanes, Args&... args) {
+#if defined(DAPO_HAVE_FLOAT_VECTOR)
+  if (lanes == 1) return Kernel::template run<Scalar<float>>(args...);
+#if defined(__AVX512F__)
+  if (lanes == 16) return Kernel::template run<FloatVector<16>>(args...);
+#endif
+#if defined(__AVX2__)
+  if (lanes == 8) return Kernel::template run<FloatVector<8>>(args...);
+#elif defined(DAPO_X86_AVX2_DISPATCH)
+  if (lanes == 8) return run_avx2<Kernel>(args...);
+#endif
+  return Kernel::template run<FloatVector<4>>(args...);
+#else
+  (void)lanes;
+  return Kernel::template run<Scalar<float>>(args...);
+#endif
+}
+
+// Runs Kernel::template run<Math> for data of compute type C: double one value at a time, float with `lanes` lanes.
+template <class C, class Kernel, class... Args>
+decltype(auto) run(int lanes, Args&... args) {
+  if constexpr (std::is_same_v<C, float>) {
+    return run_float<Kernel>(lanes, args...);
+  } else {
+    (void)lanes;
+    return Kernel::template run<Scalar<C>>(args...);
+  }
+}
+
+// Checks a requested float width (0 = the widest this CPU runs) and returns the width to use.
+inline int resolve_float_lanes(int requested, const char* where) {
+  DAPO_SIMD_REQUIRE(requested == 0 || requested == 1 || requested == 4 || requested == 8 || requested == 16, where,
+                    requested);
+  DAPO_SIMD_REQUIRE(requested <= widest_float_lanes(), where, requested);
+  return requested == 0 ? widest_float_lanes() : requested;
+}
 
 }  // namespace dapo::simd

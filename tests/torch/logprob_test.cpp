@@ -1,0 +1,136 @@
+// linear_logprobs against the naive log_softmax(hidden @ weight.T / temperature).gather(...): values, entropy and the
+// gradients for hidden and weight, in double and float, over chunk sizes that do and do not divide N.
+#include <dapo/logprob.hpp>
+
+#include <torch/torch.h>
+
+#include "support/shared.hpp"
+#include "support/tensors.hpp"
+
+namespace {
+
+struct Result {
+  torch::Tensor logp, entropy, grad_hidden, grad_weight;
+};
+
+enum class Path { kNaive, kCpuKernel, kAtenOps };
+
+// The same scalar objective for every path: sum(logp * a) + sum(entropy * b), so every output gets a gradient.
+Result run(Path path, const torch::Tensor& hidden0, const torch::Tensor& weight0, const torch::Tensor& targets,
+           const dapo::LinearLogprobOptions& options, const torch::Tensor& a, const torch::Tensor& b) {
+  auto hidden = hidden0.detach().clone().requires_grad_(true);
+  auto weight = weight0.detach().clone().requires_grad_(true);
+  Result r;
+  if (path != Path::kNaive) {
+    const auto out = path == Path::kCpuKernel
+                         ? dapo::linear_logprobs(hidden, weight, targets, options)
+                         : dapo::detail::linear_logprobs_unchecked(hidden, weight, targets, options, /*use_aten=*/true);
+    r.logp = out.logp;
+    r.entropy = out.entropy;
+  } else {
+    const auto logits = torch::matmul(hidden, weight.t()).to(torch::kFloat64) / options.temperature;
+    const auto log_probs = torch::log_softmax(logits, -1);
+    r.logp = log_probs.gather(1, targets.unsqueeze(1)).squeeze(1);
+    if (options.with_entropy) r.entropy = -(log_probs.exp() * log_probs).sum(-1);
+  }
+  auto objective = (r.logp.to(torch::kFloat64) * a).sum();
+  if (options.with_entropy) objective = objective + (r.entropy.to(torch::kFloat64) * b).sum();
+  objective.backward();
+  r.grad_hidden = hidden.grad();
+  r.grad_weight = weight.grad();
+  return r;
+}
+
+double relative_error(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const auto difference = (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).norm().item<double>();
+  return difference / std::max(expected.to(torch::kFloat64).norm().item<double>(), 1e-300);
+}
+
+}  // namespace
+
+TEST_CASE("linear_logprobs equals the naive path in value and gradients (double 1e-9, float 1e-5)") {
+  torch::manual_seed(3);
+  const int64_t n = 37, h = 24, v = 301;
+  for (const auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    const double tolerance = dtype == torch::kFloat64 ? 1e-9 : 1e-5;
+    const auto hidden = torch::randn({n, h}, torch::kFloat64).to(dtype);
+    const auto weight = (torch::randn({v, h}, torch::kFloat64) * 0.5).to(dtype);
+    const auto targets = torch::randint(v, {n}, torch::kLong);
+    const auto a = torch::randn({n}, torch::kFloat64), b = torch::randn({n}, torch::kFloat64);
+    for (const bool with_entropy : {false, true}) {
+      for (const double temperature : {1.0, 0.7}) {
+        for (const int64_t chunk_size : {1, 8, 37, 1024}) {
+          CAPTURE(dapo::test::dtype_name(hidden));
+          CAPTURE(with_entropy);
+          CAPTURE(temperature);
+          CAPTURE(chunk_size);
+          const dapo::LinearLogprobOptions options{chunk_size, temperature, with_entropy};
+          const auto naive = run(Path::kNaive, hidden, weight, targets, options, a, b);
+          for (const Path path : {Path::kCpuKernel, Path::kAtenOps}) {
+            CAPTURE(path == Path::kCpuKernel);
+            const auto chunked = run(path, hidden, weight, targets, options, a, b);
+            CHECK(dapo::test::dtype_name(chunked.logp) == dapo::test::dtype_name(hidden));
+            CHECK(relative_error(chunked.logp, naive.logp) < tolerance);
+            CHECK(relative_error(chunked.grad_hidden, naive.grad_hidden) < tolerance);
+            CHECK(relative_error(chunked.grad_weight, naive.grad_weight) < tolerance);
+            if (with_entropy) {
+              CHECK(relative_error(chunked.entropy, naive.entropy) < tolerance);
+            } else {
+              CHECK_FALSE(chunked.entropy.defined());
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_logprobs: a frozen weight gets no gradient; an unused entropy costs no gradient term") {
+  torch::manual_seed(5);
+  auto hidden = torch::randn({9, 8}, torch::kFloat64).requires_grad_(true);
+  const auto weight = torch::randn({40, 8}, torch::kFloat64);
+  const auto targets = torch::randint(40, {9}, torch::kLong);
+  const auto out = dapo::linear_logprobs(hidden, weight, targets, {.chunk_size = 4, .with_entropy = true});
+  out.logp.sum().backward();
+  auto reference_hidden = hidden.detach().clone().requires_grad_(true);
+  torch::log_softmax(torch::matmul(reference_hidden, weight.t()), -1).gather(1, targets.unsqueeze(1)).sum().backward();
+  CHECK(relative_error(hidden.grad(), reference_hidden.grad()) < 1e-12);
+}
+
+TEST_CASE("linear_logprobs in bfloat16 computes its statistics in float32, close to double") {
+  torch::manual_seed(7);
+  const auto hidden = torch::randn({16, 32});
+  const auto weight = torch::randn({200, 32}) * 0.2;
+  const auto targets = torch::randint(200, {16}, torch::kLong);
+  const auto exact = torch::log_softmax(torch::matmul(hidden.to(torch::kFloat64), weight.to(torch::kFloat64).t()), -1)
+                         .gather(1, targets.unsqueeze(1))
+                         .squeeze(1);
+  const dapo::LinearLogprobOptions options{.chunk_size = 5, .with_entropy = true};
+  const auto bf16_hidden = hidden.to(torch::kBFloat16), bf16_weight = weight.to(torch::kBFloat16);
+  const auto kernel = dapo::linear_logprobs(bf16_hidden, bf16_weight, targets, options);
+  const auto aten = dapo::detail::linear_logprobs_unchecked(bf16_hidden, bf16_weight, targets, options, true);
+  CHECK(dapo::test::dtype_name(kernel.logp) == "Float");
+  CHECK(relative_error(kernel.logp, exact) < 2e-2);
+  CHECK(relative_error(kernel.logp, aten.logp) < 1e-5);
+  CHECK(relative_error(kernel.entropy, aten.entropy) < 1e-5);
+}
+
+TEST_CASE("linear_logprobs rejects bad arguments naming them") {
+  const auto hidden = torch::zeros({4, 8});
+  const auto weight = torch::zeros({10, 8});
+  const auto targets = torch::zeros({4}, torch::kLong);
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, torch::zeros({10, 7}), targets),
+                       doctest::Contains("weight has shape [10, 7] but hidden has [4, 8]"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, weight, torch::zeros({4}, torch::kInt)),
+                       doctest::Contains("targets has dtype Int, expected int64"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, weight, torch::zeros({5}, torch::kLong)),
+                       doctest::Contains("targets has shape [5], expected [4]"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, weight, torch::tensor({0, 3, 10, 1}, torch::kLong)),
+                       doctest::Contains("targets[2] is 10, expected a token id in [0, 10)"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, weight, targets, {.chunk_size = 0}),
+                       doctest::Contains("chunk_size is 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, weight, targets, {.temperature = 0.0}),
+                       doctest::Contains("temperature is 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, weight.to(torch::kFloat64), targets),
+                       doctest::Contains("weight has dtype Double but hidden has Float"), std::invalid_argument);
+}
