@@ -23,8 +23,9 @@ if ((${#missing[@]})); then
 fi
 
 build_dir=${DAPO_BUILD_DIR:-build}
+# shellcheck disable=SC2086  # DAPO_EXTRA_CMAKE_ARGS is a list of words
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-      -DDAPO_WERROR="${DAPO_WERROR:-OFF}"
+      -DDAPO_WERROR="${DAPO_WERROR:-OFF}" ${DAPO_EXTRA_CMAKE_ARGS:-}
 if (($#)); then
   cmake --build "$build_dir" -j"$(nproc)" --target "$@"
 else

@@ -1,10 +1,10 @@
 // The DAPO policy-gradient loss on LibTorch tensors: decoupled clip (Clip-Higher, Eq. 10), optional dual clip, and the
 // token-level aggregation of Eq. 8/12 or one of the others for comparison. Differentiable in logp.
 //
-// On CPU it runs fused: one multi-threaded pass over the inputs computes the loss, the metrics and d loss / d logp
-// (kept for the backward, which is one more pass), instead of ~10 elementwise ops each way. The math is
-// dapo::core::policy_loss_kernel (<dapo/core/loss.hpp>). Other devices use the composite <dapo/reference/loss.hpp>
-// unless a fused kernel was registered for them (dapo::cuda, built when LibTorch has CUDA).
+// It runs fused: one pass over the inputs computes the loss, the metrics and d loss / d logp (kept for the backward,
+// which is one more pass), instead of ~10 elementwise ops each way. On CPU the pass is dapo::core::policy_loss_kernel
+// (SIMD, multi-threaded); on CUDA it is <dapo/cuda/policy_loss.cuh> when registered (the dapo::cuda target, built when
+// LibTorch has CUDA). Anything else runs the composite <dapo/reference/loss.hpp>.
 //
 // Shapes: B = responses in the batch, T = response tokens (right-padded).
 //   logp, old_logp, mask [B, T]; advantages [B] (one per response) or [B, T]. Outputs are 0-dim.
@@ -21,14 +21,20 @@
 namespace dapo {
 namespace detail {
 
-// A fused implementation for tensors of some other device; set by dapo::cuda's registration, null otherwise.
-using PolicyLossImpl = PolicyLossOutput (*)(const torch::Tensor& logp, const torch::Tensor& old_logp,
-                                            const torch::Tensor& advantages, const torch::Tensor& mask,
-                                            const PolicyLossOptions& options);
-inline PolicyLossImpl& cuda_policy_loss_impl() {
-  static PolicyLossImpl impl = nullptr;
-  return impl;
+// The fused kernel for CUDA tensors, set by <dapo/cuda/register.cuh> (the dapo::cuda target), null otherwise.
+// Same contract as the CPU kernel: contiguous inputs, advantages in the compute dtype, raw_grad undefined or [B, T] in
+// the compute dtype.
+using PolicyLossKernelFn = core::PolicyLossKernelResult (*)(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                                            const torch::Tensor& advantages, const torch::Tensor& mask,
+                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad);
+inline PolicyLossKernelFn& cuda_policy_loss_kernel() {
+  static PolicyLossKernelFn kernel = nullptr;
+  return kernel;
 }
+
+inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                                           const torch::Tensor& advantages, const torch::Tensor& mask,
+                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad);
 
 template <class Fn>
 void visit_mask_dtype(torch::ScalarType dtype, const Fn& fn) {
@@ -53,19 +59,9 @@ struct FusedPolicyLoss : torch::autograd::Function<FusedPolicyLoss> {
     const bool want_grad = logp.requires_grad();
     torch::Tensor raw_grad = want_grad ? torch::empty(logp.sizes(), logp.options().dtype(compute_type)) : torch::Tensor();
 
-    core::PolicyLossKernelResult out;
-    visit_floating_dtype(logp.scalar_type(), "dapo::policy_loss", [&](auto compute_tag, auto logp_tag) {
-      using C = decltype(compute_tag);
-      using T = decltype(logp_tag);
-      visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
-        using M = decltype(mask_tag);
-        const core::PolicyLossInputs<T, C, M> inputs{
-            logp_c.data_ptr<T>(), old_logp_c.data_ptr<T>(), advantages_c.data_ptr<C>(), mask_c.data_ptr<M>(),
-            logp.size(0),         logp.size(1),             advantages.dim() == 2};
-        out = core::policy_loss_kernel<C>(inputs, options, want_grad ? raw_grad.data_ptr<C>() : nullptr,
-                                          "dapo::policy_loss", AtenParallelFor{});
-      });
-    });
+    const core::PolicyLossKernelResult out =
+        logp.is_cuda() ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad)
+                       : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad);
 
     const auto scalar = [&](double value) { return torch::scalar_tensor(value, logp.options().dtype(compute_type)); };
     torch::Tensor loss = scalar(out.result.loss), clip_fraction = scalar(out.result.clip_fraction),
@@ -91,6 +87,25 @@ struct FusedPolicyLoss : torch::autograd::Function<FusedPolicyLoss> {
   }
 };
 
+inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                                           const torch::Tensor& advantages, const torch::Tensor& mask,
+                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad) {
+  core::PolicyLossKernelResult out;
+  visit_floating_dtype(logp.scalar_type(), "dapo::policy_loss", [&](auto compute_tag, auto logp_tag) {
+    using C = decltype(compute_tag);
+    using T = decltype(logp_tag);
+    visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
+      using M = decltype(mask_tag);
+      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(), old_logp.data_ptr<T>(), advantages.data_ptr<C>(),
+                                                   mask.data_ptr<M>(), logp.size(0), logp.size(1),
+                                                   advantages.dim() == 2};
+      out = core::policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
+                                        "dapo::policy_loss", AtenParallelFor{});
+    });
+  });
+  return out;
+}
+
 }  // namespace detail
 
 // DAPO Eq. 8 objective, negated as a loss to minimise. Validates every argument first; see the file comment for shapes.
@@ -101,10 +116,8 @@ inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tens
                                     const PolicyLossOptions& options = {}) {
   constexpr const char* kWhere = "dapo::policy_loss";
   detail::check_policy_loss_inputs(logp, old_logp, advantages, mask, options, kWhere);
-  if (!logp.device().is_cpu()) {
-    if (logp.is_cuda() && detail::cuda_policy_loss_impl() != nullptr) {
-      return detail::cuda_policy_loss_impl()(logp, old_logp, advantages, mask, options);
-    }
+  const bool fused = logp.device().is_cpu() || (logp.is_cuda() && detail::cuda_policy_loss_kernel() != nullptr);
+  if (!fused) {
     detail::check_policy_loss_data(mask, options, kWhere);
     return detail::composite_policy_loss(logp, old_logp, advantages, mask, options);
   }

@@ -171,6 +171,22 @@ struct PolicyLossKernelResult {
   double grad_scale = 0.0;
 };
 
+// Sums over masked tokens, each already weighted by its row's or group's own factor (see policy_loss_kernel). Any
+// device's kernel produces these; finish_policy_loss turns them into the result.
+struct PolicyLossSums {
+  double loss = 0.0, tokens = 0.0, clipped = 0.0, dual_clipped = 0.0, kl = 0.0;
+  int64_t nonempty_rows = 0;
+
+  void add(const PolicyLossSums& other) {
+    loss += other.loss;
+    tokens += other.tokens;
+    clipped += other.clipped;
+    dual_clipped += other.dual_clipped;
+    kl += other.kl;
+    nonempty_rows += other.nonempty_rows;
+  }
+};
+
 // Runs body(first, last) over [0, count); front ends substitute their thread pool (at::parallel_for).
 struct SerialFor {
   template <class Body>
@@ -186,14 +202,11 @@ namespace detail {
 // Sums of one block of rows, in double. Blocks are fixed by the shape, not by the thread count, and are added in
 // order, so results do not depend on how many threads ran.
 struct BlockSums {
-  double loss = 0.0, tokens = 0.0, clipped = 0.0, dual_clipped = 0.0, kl = 0.0;
-  int64_t nonempty_rows = 0;
+  core::PolicyLossSums sums;
   std::string error;  // the first bad input found in the block
 };
 
-struct RowSums {
-  double loss = 0.0, tokens = 0.0, clipped = 0.0, dual_clipped = 0.0, kl = 0.0;
-};
+using RowSums = core::PolicyLossSums;
 
 // Accumulators of one chunk of a row, in the compute type.
 template <class Math>
@@ -323,6 +336,11 @@ struct LossRowKernel {
   }
 };
 
+inline std::string empty_group_message(const char* where, int64_t group, int64_t group_size) {
+  return dapo::detail::concat(where, ": group ", group, " (rows ", group * group_size, "..",
+                              (group + 1) * group_size - 1, ") has no masked token; group-token-mean is undefined for it");
+}
+
 template <class G>
 void scale_rows(G* grad, int64_t first_row, int64_t last_row, int64_t cols, double factor) {
   if (grad == nullptr || factor == 1.0) return;
@@ -333,6 +351,44 @@ void scale_rows(G* grad, int64_t first_row, int64_t last_row, int64_t cols, doub
 }  // namespace detail
 
 namespace core {
+
+// The loss, the metrics and grad_scale from the weighted sums of a whole batch (any device's kernel).
+inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, int64_t rows, int64_t cols,
+                                                 const PolicyLossOptions& options, const char* where) {
+  DAPO_REQUIRE(options.global_token_count == 0.0 || options.global_token_count >= total.tokens, where,
+               "global_token_count is ", options.global_token_count, " but this batch alone holds ", total.tokens,
+               " masked tokens");
+  double scale = 0.0;
+  switch (options.aggregation) {
+    case LossAggregation::kTokenMean: {
+      const double denominator = options.global_token_count > 0.0 ? options.global_token_count : total.tokens;
+      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
+      break;
+    }
+    case LossAggregation::kGroupTokenMean:
+      scale = rows > 0 ? static_cast<double>(options.group_size) / static_cast<double>(rows) : 0.0;
+      break;
+    case LossAggregation::kSeqMeanTokenMean:
+    case LossAggregation::kSeqMeanTokenSum:
+      scale = total.nonempty_rows > 0 ? 1.0 / static_cast<double>(total.nonempty_rows) : 0.0;
+      break;
+    case LossAggregation::kSeqMeanTokenSumNorm: {
+      const double norm_length = options.norm_length > 0.0 ? options.norm_length : static_cast<double>(cols);
+      scale = rows > 0 ? 1.0 / (norm_length * static_cast<double>(rows)) : 0.0;
+      break;
+    }
+  }
+  PolicyLossKernelResult out;
+  out.grad_scale = scale;
+  out.result.loss = total.loss * scale;
+  out.result.token_count = total.tokens;
+  if (total.tokens > 0.0) {
+    out.result.clip_fraction = total.clipped / total.tokens;
+    out.result.dual_clip_fraction = total.dual_clipped / total.tokens;
+    out.result.approx_kl = total.kl / total.tokens;
+  }
+  return out;
+}
 
 // The fused policy loss: one pass over the inputs writes the raw gradient (when raw_grad is not null) and returns the
 // loss, the metrics and grad_scale (d loss / d logp = raw_grad * grad_scale). The per-row part of each aggregation's
@@ -357,12 +413,12 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
 
   parallel(num_blocks, [&](int64_t first_block, int64_t last_block) {
     for (int64_t block = first_block; block < last_block; ++block) {
-      detail::BlockSums& sums = blocks[static_cast<std::size_t>(block)];
+      detail::BlockSums& block_sums = blocks[static_cast<std::size_t>(block)];
       const int64_t block_end = (block + 1) * block_rows < in.rows ? (block + 1) * block_rows : in.rows;
       for (int64_t unit_start = block * block_rows; unit_start < block_end; unit_start += unit) {
-        detail::RowSums unit_sums;
+        PolicyLossSums unit_sums;
         for (int64_t row = unit_start; row < unit_start + unit; ++row) {
-          detail::RowSums row_sums;
+          PolicyLossSums row_sums;
           int64_t bad_col = 0;
           const bool ok = in.per_token_advantages
                               ? simd::run<C, detail::LossRowKernel<true>>(lanes, in, row, low, high,
@@ -373,84 +429,36 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
                                                                            bad_col);
           if (!ok) {
             const M value = in.mask[row * in.cols + bad_col];
-            sums.error = dapo::detail::concat(where, ": mask[", row, ", ", bad_col, "] is ",
-                                              static_cast<double>(value), ", expected 0 or 1");
+            block_sums.error = dapo::detail::concat(where, ": mask[", row, ", ", bad_col, "] is ",
+                                                    static_cast<double>(value), ", expected 0 or 1");
             return;
           }
-          sums.nonempty_rows += row_sums.tokens > 0.0;
+          row_sums.nonempty_rows = row_sums.tokens > 0.0;
           if (per_row_mean && row_sums.tokens > 0.0) {
             detail::scale_rows(raw_grad, row, row + 1, in.cols, 1.0 / row_sums.tokens);
             row_sums.loss /= row_sums.tokens;
           }
-          unit_sums.loss += row_sums.loss;
-          unit_sums.tokens += row_sums.tokens;
-          unit_sums.clipped += row_sums.clipped;
-          unit_sums.dual_clipped += row_sums.dual_clipped;
-          unit_sums.kl += row_sums.kl;
+          unit_sums.add(row_sums);
         }
         if (grouped) {
           if (unit_sums.tokens == 0.0) {
-            sums.error = dapo::detail::concat(where, ": group ", unit_start / unit, " (rows ", unit_start, "..",
-                                              unit_start + unit - 1,
-                                              ") has no masked token; group-token-mean is undefined for it");
+            block_sums.error = detail::empty_group_message(where, unit_start / unit, unit);
             return;
           }
           detail::scale_rows(raw_grad, unit_start, unit_start + unit, in.cols, 1.0 / unit_sums.tokens);
           unit_sums.loss /= unit_sums.tokens;
         }
-        sums.loss += unit_sums.loss;
-        sums.tokens += unit_sums.tokens;
-        sums.clipped += unit_sums.clipped;
-        sums.dual_clipped += unit_sums.dual_clipped;
-        sums.kl += unit_sums.kl;
+        block_sums.sums.add(unit_sums);
       }
     }
   });
 
-  detail::BlockSums total;
+  PolicyLossSums total;
   for (const auto& block : blocks) {
     if (!block.error.empty()) throw std::invalid_argument(block.error);
-    total.loss += block.loss;
-    total.tokens += block.tokens;
-    total.clipped += block.clipped;
-    total.dual_clipped += block.dual_clipped;
-    total.kl += block.kl;
-    total.nonempty_rows += block.nonempty_rows;
+    total.add(block.sums);
   }
-  DAPO_REQUIRE(options.global_token_count == 0.0 || options.global_token_count >= total.tokens, where,
-               "global_token_count is ", options.global_token_count, " but this batch alone holds ", total.tokens,
-               " masked tokens");
-
-  double scale = 0.0;
-  switch (options.aggregation) {
-    case LossAggregation::kTokenMean: {
-      const double denominator = options.global_token_count > 0.0 ? options.global_token_count : total.tokens;
-      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
-      break;
-    }
-    case LossAggregation::kGroupTokenMean:
-      scale = in.rows > 0 ? static_cast<double>(unit) / static_cast<double>(in.rows) : 0.0;
-      break;
-    case LossAggregation::kSeqMeanTokenMean:
-    case LossAggregation::kSeqMeanTokenSum:
-      scale = total.nonempty_rows > 0 ? 1.0 / static_cast<double>(total.nonempty_rows) : 0.0;
-      break;
-    case LossAggregation::kSeqMeanTokenSumNorm: {
-      const double norm_length = options.norm_length > 0.0 ? options.norm_length : static_cast<double>(in.cols);
-      scale = in.rows > 0 ? 1.0 / (norm_length * static_cast<double>(in.rows)) : 0.0;
-      break;
-    }
-  }
-  PolicyLossKernelResult out;
-  out.grad_scale = scale;
-  out.result.loss = total.loss * scale;
-  out.result.token_count = total.tokens;
-  if (total.tokens > 0.0) {
-    out.result.clip_fraction = total.clipped / total.tokens;
-    out.result.dual_clip_fraction = total.dual_clipped / total.tokens;
-    out.result.approx_kl = total.kl / total.tokens;
-  }
-  return out;
+  return finish_policy_loss(total, in.rows, in.cols, options, where);
 }
 
 // logp, old_logp, mask [B, T]; advantages [B] or [B, T]; grad_logp [B, T] or empty (then no gradient is written).

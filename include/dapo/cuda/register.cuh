@@ -1,0 +1,61 @@
+// Connects the CUDA policy-loss kernel to dapo::policy_loss: include this from exactly one .cu file of a program that
+// links LibTorch with CUDA (the dapo::cuda CMake target does it for you). Tensors on CUDA then run fused; without it
+// they run the composite <dapo/reference/loss.hpp>.
+//
+// Shapes: as <dapo/loss.hpp>. The kernel's per-unit sums come back to the host (B x 56 bytes) and are added there in
+// unit order, which keeps results deterministic and lets bad masks raise the same errors as on CPU.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+
+#include <vector>
+
+#include "dapo/cuda/policy_loss.cuh"
+#include "dapo/loss.hpp"
+
+namespace dapo::cuda {
+
+inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                                            const torch::Tensor& advantages,
+                                                            const torch::Tensor& mask,
+                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad) {
+  constexpr const char* kWhere = "dapo::policy_loss";
+  const int64_t rows = logp.size(0), cols = logp.size(1);
+  const int64_t units = policy_loss_units(rows, options);
+  torch::Tensor partials = torch::empty({units, kUnitFields}, logp.options().dtype(torch::kFloat64));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaError_t status = cudaSuccess;
+  dapo::detail::visit_floating_dtype(logp.scalar_type(), kWhere, [&](auto compute_tag, auto storage_tag) {
+    using C = decltype(compute_tag);
+    using T = decltype(storage_tag);
+    dapo::detail::visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
+      using M = decltype(mask_tag);
+      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(), old_logp.data_ptr<T>(), advantages.data_ptr<C>(),
+                                                   mask.data_ptr<M>(), rows, cols, advantages.dim() == 2};
+      status = launch_policy_loss<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
+                                     reinterpret_cast<UnitSums*>(partials.data_ptr<double>()), stream);
+    });
+  });
+  DAPO_REQUIRE(status == cudaSuccess, kWhere, "CUDA kernel launch failed: ", cudaGetErrorString(status));
+  const torch::Tensor host = partials.cpu();  // synchronises with the stream
+  core::PolicyLossSums total;
+  bool invalid_mask = false;
+  const bool grouped = options.aggregation == LossAggregation::kGroupTokenMean;
+  const int64_t bad_unit =
+      add_unit_sums(reinterpret_cast<const UnitSums*>(host.data_ptr<double>()), units, grouped, total, invalid_mask);
+  if (bad_unit >= 0) {
+    // Name the exact element or group with the tensor checks the composite path uses.
+    dapo::detail::check_policy_loss_data(mask, options, kWhere);
+    DAPO_REQUIRE(false, kWhere, invalid_mask ? "a mask value is neither 0 nor 1" : "a group has no masked token",
+                 " (unit ", bad_unit, ")");
+  }
+  return core::finish_policy_loss(total, rows, cols, options, kWhere);
+}
+
+// Registers the kernel when the program starts.
+inline const bool kPolicyLossRegistered = [] {
+  dapo::detail::cuda_policy_loss_kernel() = &policy_loss_kernel_cuda;
+  return true;
+}();
+
+}  // namespace dapo::cuda
