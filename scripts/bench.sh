@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# The microbenchmarks: builds them (Release) and runs each; every one checks its result against the reference before
-# timing. Prints the tables and writes JSON to ${DAPO_BUILD_DIR:-build}/bench-results/. Extra arguments go to the
-# benchmarks (e.g. --threads 2). DAPO_NATIVE=ON compiles them for this CPU (-march=native).
+# The benchmarks: builds them (Release) and runs the ones named (default: all) — loss, logprob, tokenizer, model.
+# Every benchmark checks its result against a reference before timing. Prints tables and writes JSON to
+# ${DAPO_BUILD_DIR:-build}/bench-results/. DAPO_NATIVE=ON compiles them for this CPU (-march=native).
+# The model benchmark writes a random 2 GB Qwen2.5-0.5B-shaped checkpoint to /tmp once and takes a few minutes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir=${DAPO_BUILD_DIR:-build}
-DAPO_EXTRA_CMAKE_ARGS="-DDAPO_NATIVE=${DAPO_NATIVE:-OFF}" scripts/setup.sh loss_bench logprob_bench
+shared=${DAPO_SHARED_DIR:-../shared}
+benchmarks=("$@")
+((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model)
+DAPO_EXTRA_CMAKE_ARGS="-DDAPO_NATIVE=${DAPO_NATIVE:-OFF}" scripts/setup.sh "${benchmarks[@]/%/_bench}"
 results="$build_dir/bench-results"
 mkdir -p "$results"
-"$build_dir/benchmarks/loss_bench" --json "$results/loss_bench.json" "$@"
-echo
-"$build_dir/benchmarks/logprob_bench" --json "$results/logprob_bench.json" "$@"
+for name in "${benchmarks[@]}"; do
+  echo
+  case "$name" in
+    tokenizer)
+      "$build_dir/benchmarks/tokenizer_bench" --tokenizer "$shared/fixtures/tokenizer/qwen2.5" \
+        --data "$shared/data/gsm8k/train.jsonl" --json "$results/tokenizer_bench.json" ;;
+    loss | logprob | model)
+      "$build_dir/benchmarks/${name}_bench" --json "$results/${name}_bench.json" ;;
+    *)
+      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer or model)" >&2
+      exit 2 ;;
+  esac
+done

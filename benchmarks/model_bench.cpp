@@ -1,0 +1,162 @@
+// The Qwen2 model on this machine, at the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 / 2 heads, intermediate 4864,
+// vocab 151936) with random weights: load time and peak resident memory when loading from safetensors (in a fresh
+// process, so nothing else is resident), and decode speed with the KV cache vs recomputing the prefix (batch 8,
+// 32-token prompts, 64 new tokens, greedy). Both decodes must produce the same tokens before either is timed.
+// Usage: model_bench [--dir DIR] [--threads N] [--json PATH] [--new-tokens N]
+//        (internal: model_bench --create DIR, model_bench --load DIR)
+#include <sys/resource.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "qwen_gsm8k/generation.hpp"
+#include "qwen_gsm8k/runtime.hpp"
+#include "qwen_gsm8k/weights.hpp"
+#include "support/harness.hpp"
+
+namespace {
+
+qwen::Config qwen25_05b_shape() {
+  return qwen::Config::from_json({{"model_type", "qwen2"},
+                                  {"vocab_size", 151936},
+                                  {"hidden_size", 896},
+                                  {"intermediate_size", 4864},
+                                  {"num_hidden_layers", 24},
+                                  {"num_attention_heads", 14},
+                                  {"num_key_value_heads", 2},
+                                  {"max_position_embeddings", 32768},
+                                  {"rms_norm_eps", 1e-6},
+                                  {"rope_theta", 1000000.0},
+                                  {"tie_word_embeddings", true},
+                                  {"eos_token_id", 151645}},
+                                 "Qwen2.5-0.5B shape");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;  // kilobytes on Linux
+}
+
+double current_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  long pages = 0, resident = 0;
+  in >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// Runs `command`, returns its standard output.
+std::string run(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("cannot run " + command);
+  std::string output;
+  char buffer[4096];
+  while (const size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  if (pclose(pipe) != 0) throw std::runtime_error(command + " failed:\n" + output);
+  return output;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  qwen::use_passive_openmp(argv);
+  const std::string self = argv[0];
+  if (argc == 3 && std::string(argv[1]) == "--create") {
+    torch::manual_seed(0);
+    qwen::Qwen2ForCausalLM model(qwen25_05b_shape());
+    qwen::initialize_weights(model);
+    qwen::save_model(model, argv[2]);
+    return 0;
+  }
+  if (argc == 3 && std::string(argv[1]) == "--load") {
+    at::set_num_threads(2);
+    const double before = current_rss_bytes();
+    const auto start = std::chrono::steady_clock::now();
+    auto model = qwen::load_model(argv[2]);
+    const double seconds = seconds_since(start);
+    int64_t bytes = 0;
+    for (const auto& item : model->named_parameters()) bytes += item.value().numel() * item.value().element_size();
+    std::printf("{\"load_seconds\": %.3f, \"peak_rss_bytes\": %.0f, \"rss_before_bytes\": %.0f, \"weight_bytes\": %lld}\n",
+                seconds, peak_rss_bytes(), before, static_cast<long long>(bytes));
+    return 0;
+  }
+
+  std::string dir = "/tmp/dapo-model-bench-qwen2.5-0.5b", json_path = "model_bench.json";
+  int threads = 2;
+  int64_t new_tokens = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--dir") dir = argv[i + 1];
+    else if (flag == "--threads") threads = std::stoi(argv[i + 1]);
+    else if (flag == "--json") json_path = argv[i + 1];
+    else if (flag == "--new-tokens") new_tokens = std::stoll(argv[i + 1]);
+    else throw std::invalid_argument("unknown option " + flag);
+  }
+  at::set_num_threads(threads);
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
+    std::printf("writing a random Qwen2.5-0.5B-shaped model to %s ...\n", dir.c_str());
+    run("'" + self + "' --create '" + dir + "'");
+  }
+  const auto load = nlohmann::json::parse(run("'" + self + "' --load '" + dir + "'"));
+  const double weight_bytes = load.at("weight_bytes"), peak = load.at("peak_rss_bytes");
+  const double before = load.at("rss_before_bytes");
+  std::printf("Qwen2.5-0.5B shape, random weights, float32; %s, %d threads\n", dapo::bench::cpu_model().c_str(), threads);
+  std::printf("load: %.2f s, weights %.2f GiB, peak RSS %.2f GiB = %.2fx the weights (%.2f GiB resident before)\n",
+              load.at("load_seconds").get<double>(), weight_bytes / (1 << 30), peak / (1 << 30), peak / weight_bytes,
+              before / (1 << 30));
+
+  auto model = qwen::load_model(dir);
+  torch::manual_seed(1);
+  std::vector<std::vector<int64_t>> prompts(8);
+  for (auto& prompt : prompts) {
+    const auto ids = torch::randint(151643, {32}, torch::kInt64);
+    prompt.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 32);
+  }
+  qwen::GenerationOptions options;
+  options.max_new_tokens = new_tokens;
+  options.sampling.temperature = 0.0;
+  auto timed = [&](bool use_cache, qwen::GenerationOutput& out) {
+    options.use_cache = use_cache;
+    const auto start = std::chrono::steady_clock::now();
+    out = qwen::generate(model, prompts, options);
+    return seconds_since(start);
+  };
+  qwen::GenerationOutput cached, recomputed;
+  timed(true, cached);  // warm-up
+  const double cache_seconds = timed(true, cached);
+  const double recompute_seconds = timed(false, recomputed);
+  // Greedy decoding in float32: the two paths must agree on (nearly) every token; report the agreement.
+  const double agreement = cached.tokens.eq(recomputed.tokens).to(torch::kFloat64).mean().item<double>();
+  if (agreement < 0.95) throw std::runtime_error("cached and recomputed decoding disagree on " +
+                                                 std::to_string(100 * (1 - agreement)) + "% of tokens");
+  const double generated = static_cast<double>(prompts.size() * new_tokens);
+  std::printf("decode, batch 8, prompt 32, %lld new tokens: KV cache %.1f tokens/s, recompute %.1f tokens/s, "
+              "%.1fx (tokens identical: %.1f%%)\n",
+              static_cast<long long>(new_tokens), generated / cache_seconds, generated / recompute_seconds,
+              recompute_seconds / cache_seconds, 100 * agreement);
+  nlohmann::json record{{"benchmark", "Qwen2.5-0.5B-shaped model: load and decode"},
+                        {"machine", dapo::bench::machine()},
+                        {"load_seconds", load.at("load_seconds")},
+                        {"weight_bytes", weight_bytes},
+                        {"peak_rss_bytes", peak},
+                        {"peak_rss_over_weights", peak / weight_bytes},
+                        {"decode_tokens_per_second_cache", generated / cache_seconds},
+                        {"decode_tokens_per_second_recompute", generated / recompute_seconds},
+                        {"cache_speedup", recompute_seconds / cache_seconds},
+                        {"token_agreement", agreement}};
+  dapo::bench::write_json(record, json_path);
+  std::printf("wrote %s\n", json_path.c_str());
+  return 0;
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "model_bench: %s\n", error.what());
+  return 1;
+}
