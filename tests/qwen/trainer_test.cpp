@@ -1,0 +1,206 @@
+// The trainer end to end on CPU: the real path (the Qwen2.5 vocabulary and tokenizer, GSM8K lines) for two steps
+// with metrics, report, checkpoint, reload and resume; the decoupled clip acting only off-policy; dynamic sampling
+// dropping all-equal groups and stopping with its error; bad options.
+#include <torch/torch.h>
+
+#include "qwen_gsm8k/checkpoint.hpp"
+#include "qwen_gsm8k/demo.hpp"
+#include "qwen_gsm8k/demo_problems.hpp"
+#include "qwen_gsm8k/report.hpp"
+#include "qwen_gsm8k/trainer.hpp"
+#include "qwen_gsm8k/weights.hpp"
+#include "support/qwen_fixtures.hpp"
+
+namespace {
+
+// Timing fields differ between runs; everything else must repeat exactly.
+bool timing_field(const std::string& key) {
+  return key.ends_with("seconds") || key.ends_with("per_second");
+}
+
+qwen::TrainOptions small_options(const std::filesystem::path& output) {
+  qwen::TrainOptions options;
+  options.total_steps = 2;
+  options.train_batch_size = 2;
+  options.rollout_n = 2;
+  options.ppo_mini_batch_size = 1;
+  options.ppo_epochs = 2;
+  options.max_new_tokens = 8;
+  options.rewards.overlong_cache = 4;
+  options.dynamic_sampling = false;  // a random model is never right: every group would be filtered
+  options.lr = 1e-3;
+  options.eval_problems = 2;
+  options.save_every = 1;
+  options.output_dir = output;
+  options.quiet = true;
+  options.seed = 3;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, checkpoint reload and exact resume") {
+  const auto shared = dapo::test::shared_dir();
+  if (!shared) {
+    MESSAGE("skipped: reference data not found");
+    return;
+  }
+  dapo::test::ScratchDir scratch;
+  const auto model_dir = scratch.path() / "model";
+  torch::manual_seed(0);
+  {
+    qwen::Qwen2ForCausalLM model(qwen::Config::from_json({{"model_type", "qwen2"},
+                                                          {"vocab_size", 151936},
+                                                          {"hidden_size", 32},
+                                                          {"intermediate_size", 64},
+                                                          {"num_hidden_layers", 2},
+                                                          {"num_attention_heads", 4},
+                                                          {"num_key_value_heads", 2},
+                                                          {"max_position_embeddings", 2048},
+                                                          {"rope_theta", 1000000.0},
+                                                          {"tie_word_embeddings", true},
+                                                          {"eos_token_id", 151645}},
+                                                         "test"));
+    qwen::initialize_weights(model);
+    qwen::save_model(model, model_dir);
+  }
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(*shared / "fixtures/tokenizer/qwen2.5" / file, model_dir / file);
+  }
+  const auto train = qwen::load_problems(*shared / "data/gsm8k/train.jsonl").problems;
+  const auto test = qwen::load_problems(*shared / "data/gsm8k/test.jsonl").problems;
+  const auto tokenizer = qwen::Tokenizer::from_directory(model_dir);
+  auto options = small_options(scratch.path() / "run");
+  options.tokenizer_dir = model_dir;
+
+  qwen::Trainer first(qwen::load_model(model_dir), tokenizer, train, test, options);
+  first.run();
+  const auto out = scratch.path() / "run";
+  CHECK(qwen::read_json_lines(out / "metrics.jsonl").size() == 2);
+  CHECK(qwen::read_json_lines(out / "eval.jsonl").size() == 2);  // at the start and at the end
+  CHECK(std::filesystem::exists(out / "report.html"));
+  CHECK(std::filesystem::exists(out / "plots" / "reward.svg"));
+  const auto checkpoint = out / "checkpoints" / "step-000002";
+  for (const char* file : {"config.json", "model.safetensors", "optimizer.pt", "trainer_state.json", "tokenizer.json"}) {
+    CHECK(std::filesystem::exists(checkpoint / file));
+  }
+  CHECK(qwen::find_checkpoint(out / "checkpoints") == checkpoint);
+  const auto metrics = first.metrics();
+  for (const char* key : {"reward_mean", "accuracy", "entropy", "clip_fraction", "dual_clip_fraction", "approx_kl",
+                          "grad_norm", "gen_rounds", "kept_groups", "rollout_tokens_per_second",
+                          "update_tokens_per_second", "truncated_fraction", "response_length_max"}) {
+    CHECK(metrics.back().contains(key));
+  }
+
+  // The checkpoint reloads with identical logits.
+  {
+    auto reloaded = qwen::load_model(checkpoint);
+    const auto ids = torch::tensor({{151644, 872, 198, 17, 10, 17, 30}}, torch::kInt64);
+    const auto mask = torch::ones_like(ids);
+    torch::NoGradGuard no_grad;
+    CHECK(torch::equal(reloaded->forward(ids, mask, qwen::position_ids_from_mask(mask)),
+                       first.model()->forward(ids, mask, qwen::position_ids_from_mask(mask))));
+  }
+
+  // Resuming from step 1 repeats step 2 exactly: same metrics, same weights.
+  std::filesystem::copy(out, scratch.path() / "resumed", std::filesystem::copy_options::recursive);
+  options.output_dir = scratch.path() / "resumed";
+  qwen::Trainer second(qwen::load_model(model_dir), tokenizer, train, test, options);
+  second.resume(options.output_dir / "checkpoints" / "step-000001");
+  CHECK(second.step_index() == 1);
+  CHECK(second.metrics().size() == 1);
+  const auto again = second.step();
+  for (const auto& [key, value] : metrics[1].items()) {
+    if (timing_field(key)) continue;
+    CAPTURE(key);
+    CHECK(again.at(key) == value);
+  }
+  for (const auto& item : second.model()->named_parameters()) {
+    CHECK(torch::equal(item.value(), first.model()->named_parameters()[item.key()]));
+  }
+  // Different settings are refused on resume.
+  auto changed = options;
+  changed.lr = 5e-4;
+  qwen::Trainer third(qwen::load_model(model_dir), tokenizer, train, test, changed);
+  CHECK_THROWS_WITH_AS(third.resume(options.output_dir / "checkpoints"), doctest::Contains("option lr was 0.001"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("the clip acts only off-policy, and dynamic sampling drops groups whose responses agree") {
+  dapo::test::ScratchDir scratch;
+  qwen::DemoOptions demo;
+  demo.output_dir = scratch.path();
+  demo.seed = 5;
+  // Warm-started until it answers 30 % of training problems: groups then both agree and disagree.
+  demo.sft_steps = 400;
+  demo.sft_min_steps = 100;
+  demo.sft_target_accuracy = 0.3;
+  demo.sft_check_problems = 50;
+  demo.sft_batch = 32;
+  demo.rl_steps = 2;
+  demo.rl_groups = 4;
+  demo.rl_mini_groups = 1;  // four updates per epoch: three of them off-policy
+  demo.rollout_n = 8;
+  demo.ppo_epochs = 1;
+  demo.rl_lr = 3e-3;
+  demo.eval_problems = 8;
+  demo.eval_every = 0;
+  demo.quiet = true;
+  qwen::run_demo(demo);
+  const auto rows = qwen::read_json_lines(scratch.path() / "metrics.jsonl");
+  REQUIRE(rows.size() == 2);
+  for (const auto& row : rows) {
+    const auto clips = row.at("clip_fraction_by_minibatch").get<std::vector<double>>();
+    REQUIRE(clips.size() == 4);
+    CAPTURE(row.dump());
+    CHECK(clips[0] == 0.0);  // the first update is on-policy: the ratio is exactly 1
+    CHECK(std::max({clips[1], clips[2], clips[3]}) > 0.0);
+    CHECK(row.at("kept_groups") == 4);
+  }
+  int64_t filtered = 0;
+  for (const auto& row : rows) filtered += row.at("filtered_groups").get<int64_t>();
+  CHECK(filtered > 0);  // all-right or all-wrong groups were drawn and dropped
+  CHECK(std::filesystem::exists(scratch.path() / "summary.json"));
+}
+
+TEST_CASE("dynamic sampling stops with its clear error when max_num_gen_batches rounds find no informative group") {
+  torch::manual_seed(0);
+  qwen::Qwen2ForCausalLM model(qwen::demo_model_config());
+  qwen::initialize_weights(model);  // random: never right, so every group's accuracies agree
+  const auto problems = qwen::make_demo_problems({.test_count = 4});
+  auto options = small_options({});
+  options.dynamic_sampling = true;
+  options.max_num_gen_batches = 2;
+  options.max_new_tokens = 4;
+  options.system_prompt = "Answer.";
+  qwen::Trainer trainer(model, qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"}),
+                        problems.train, problems.test, options);
+  CHECK_THROWS_WITH_AS(trainer.step(),
+                       doctest::Contains("2 generation rounds (max_rounds = 2) kept 0 informative groups of the 2 wanted"),
+                       std::runtime_error);
+}
+
+TEST_CASE("train options are checked with the option named") {
+  auto options = small_options({});
+  auto error_of = [](const qwen::TrainOptions& o) {
+    try {
+      o.validate();
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error_of(options) == "no error");
+  auto bad = options;
+  bad.ppo_mini_batch_size = 3;
+  CHECK(error_of(bad).find("ppo_mini_batch_size 3 must divide train_batch_size 2") != std::string::npos);
+  bad = options;
+  bad.rollout_n = 1;
+  CHECK(error_of(bad).find("rollout_n is 1, expected >= 2") != std::string::npos);
+  bad = options;
+  bad.loss.clip_high = -1;
+  CHECK(error_of(bad).find("clip_high is -1") != std::string::npos);
+  bad = options;
+  bad.rewards.overlong_cache = 100;
+  CHECK(error_of(bad).find("overlong_buffer_len 100 must lie in [0, max_new_tokens]") != std::string::npos);
+}
