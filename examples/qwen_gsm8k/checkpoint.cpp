@@ -2,6 +2,7 @@
 #include "qwen_gsm8k/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,8 +30,11 @@ void sync_path(const std::filesystem::path& path) {
 std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const std::string& name,
                                         const std::function<void(const std::filesystem::path&)>& write, int64_t keep) {
   std::filesystem::create_directories(root);
+  // Leftovers of a writer that was killed: half-written checkpoints and half-deleted old ones.
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    if (entry.path().filename().string().rfind(kPartialPrefix, 0) == 0) std::filesystem::remove_all(entry.path());
+  }
   const auto partial = root / (kPartialPrefix + name);
-  std::filesystem::remove_all(partial);  // the leftover of a write that was killed
   std::filesystem::create_directories(partial);
   write(partial);
   for (const auto& entry : std::filesystem::recursive_directory_iterator(partial)) {
@@ -39,12 +43,17 @@ std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const
   sync_path(partial);
 
   const auto final_dir = root / name;
-  if (std::filesystem::exists(final_dir)) {  // saving the same step again: keep the old one until the new one is in
-    const auto old = root / (kPartialPrefix + name + ".old");
-    std::filesystem::remove_all(old);
-    std::filesystem::rename(final_dir, old);
-    std::filesystem::rename(partial, final_dir);
-    std::filesystem::remove_all(old);
+  if (std::filesystem::exists(final_dir)) {
+    // Saving the same step again: swap the two directories in one atomic step, then delete the old one (now under
+    // the partial name). Where the file system cannot swap, move the old one aside first.
+    if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      const auto old = root / (kPartialPrefix + name + ".old");
+      std::filesystem::rename(final_dir, old);
+      std::filesystem::rename(partial, final_dir);
+      std::filesystem::remove_all(old);
+    } else {
+      std::filesystem::remove_all(partial);
+    }
   } else {
     std::filesystem::rename(partial, final_dir);
   }
@@ -60,7 +69,12 @@ std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const
     }
     std::sort(complete.begin(), complete.end());  // names sort by step (zero-padded)
     for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < complete.size(); ++i) {
-      if (complete[i] != final_dir) std::filesystem::remove_all(complete[i]);
+      if (complete[i] == final_dir) continue;
+      // Rename first, so a kill in the middle of the deletion never leaves a half-deleted checkpoint under a
+      // complete name; the next write sweeps the .partial- leftover.
+      const auto doomed = root / (kPartialPrefix + complete[i].filename().string() + ".deleting");
+      std::filesystem::rename(complete[i], doomed);
+      std::filesystem::remove_all(doomed);
     }
   }
   return final_dir;

@@ -19,23 +19,6 @@ constexpr const char* kDemoSystemPrompt = "Answer with <think> then <answer>.";
 
 Tokenizer demo_tokenizer() { return Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"}); }
 
-// Greedy accuracy of the model on `problems`.
-double greedy_accuracy(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
-                       const TrainOptions& train) {
-  torch::NoGradGuard no_grad;
-  RolloutOptions greedy;
-  greedy.group_size = 1;
-  greedy.generation.max_new_tokens = train.max_new_tokens;
-  greedy.generation.sampling = {.temperature = 0.0};
-  greedy.generation.pad_id = *tokenizer.pad_token_id();
-  greedy.generation.stop_ids = {*tokenizer.token_to_id("<|im_end|>"), *tokenizer.pad_token_id()};
-  greedy.system_prompt = train.system_prompt;
-  greedy.rewards = train.rewards;
-  double correct = 0;
-  for (const auto& group : rollout(model, tokenizer, problems, greedy, 0)) correct += group.responses[0].score.correct;
-  return correct / static_cast<double>(problems.size());
-}
-
 struct WarmStart {
   int64_t steps = 0;
   double check_accuracy = 0.0;  // on the training-form check problems, at the end
@@ -92,7 +75,7 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
     const bool close = result.check_accuracy >= options.sft_target_accuracy - 0.15;
     const int64_t every = close ? std::min<int64_t>(5, options.sft_check_every) : options.sft_check_every;
     if (result.steps >= options.sft_min_steps && result.steps % every == 0) {
-      result.check_accuracy = greedy_accuracy(model, tokenizer, check, train_options);
+      result.check_accuracy = greedy_accuracy(model, tokenizer, check, rollout_options(train_options, tokenizer));
       model->train();
       if (!options.quiet) {
         std::printf("warm start %lld | nll %.4f | greedy accuracy on %zu training problems %.3f\n",

@@ -50,6 +50,11 @@ struct RolloutStats {
   double seconds = 0.0;
 };
 
+// Fraction of `problems` answered correctly by greedy decoding, one response each, with the prompt, budget, stop ids
+// and rewards of `options` (its sampling and group size are replaced).
+double greedy_accuracy(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                       const RolloutOptions& options);
+
 // group_size responses for each problem, sampled with `seed`; appends timing to stats when given.
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats = nullptr);

@@ -138,6 +138,22 @@ nlohmann::json EvalResult::to_json() const {
   return row;
 }
 
+RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer) {
+  RolloutOptions rollout;
+  rollout.group_size = options.rollout_n;
+  rollout.generation.max_new_tokens = options.max_new_tokens;
+  rollout.generation.sampling = options.sampling;
+  rollout.generation.pad_id = tokenizer.pad_token_id().value_or(0);
+  for (const char* stop : {"<|im_end|>", "<|endoftext|>"}) {
+    if (const auto id = tokenizer.token_to_id(stop)) rollout.generation.stop_ids.push_back(*id);
+  }
+  rollout.rewards = options.rewards;
+  rollout.rewards.max_length = options.max_new_tokens;
+  rollout.system_prompt = options.system_prompt;
+  rollout.max_batch_rows = options.max_rollout_rows;
+  return rollout;
+}
+
 Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Problem> train, std::vector<Problem> test,
                  TrainOptions options)
     : model_(std::move(model)),
@@ -146,19 +162,9 @@ Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Proble
       test_(std::move(test)),
       options_(std::move(options)),
       sampler_(train_.empty() ? 1 : train_.size(), options_.seed) {
-  options_.rewards.max_length = options_.max_new_tokens;
   options_.validate();
   if (train_.empty()) throw std::invalid_argument("trainer: the training set is empty");
-  rollout_options_.group_size = options_.rollout_n;
-  rollout_options_.generation.max_new_tokens = options_.max_new_tokens;
-  rollout_options_.generation.sampling = options_.sampling;
-  rollout_options_.generation.pad_id = tokenizer_.pad_token_id().value_or(0);
-  for (const char* stop : {"<|im_end|>", "<|endoftext|>"}) {
-    if (const auto id = tokenizer_.token_to_id(stop)) rollout_options_.generation.stop_ids.push_back(*id);
-  }
-  rollout_options_.rewards = options_.rewards;
-  rollout_options_.system_prompt = options_.system_prompt;
-  rollout_options_.max_batch_rows = options_.max_rollout_rows;
+  rollout_options_ = rollout_options(options_, tokenizer_);
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       model_->parameters(), torch::optim::AdamWOptions(options_.lr)
                                 .betas({options_.beta1, options_.beta2})
@@ -453,12 +459,7 @@ EvalResult Trainer::evaluate() {
   result.problems = static_cast<int64_t>(count);
   if (count == 0) return result;
   const std::vector<Problem> problems(test_.begin(), test_.begin() + static_cast<std::ptrdiff_t>(count));
-  RolloutOptions greedy = rollout_options_;
-  greedy.group_size = 1;
-  greedy.generation.sampling = {.temperature = 0.0};
-  double correct = 0;
-  for (const auto& group : rollout(model_, tokenizer_, problems, greedy, 0)) correct += group.responses[0].score.correct;
-  result.accuracy = correct / static_cast<double>(count);
+  result.accuracy = greedy_accuracy(model_, tokenizer_, problems, rollout_options_);
   if (options_.eval_pass_k > 0) {
     RolloutOptions sampled = rollout_options_;
     sampled.group_size = options_.eval_pass_k;

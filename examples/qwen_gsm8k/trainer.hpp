@@ -92,6 +92,9 @@ struct TrainBatch {
   int64_t groups = 0, group_size = 0;
 };
 
+// The rollout settings a TrainOptions implies for this tokenizer: stop ids <|im_end|> and <|endoftext|>, pad, budget.
+RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer);
+
 class Trainer {
  public:
   Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Problem> train, std::vector<Problem> test,
