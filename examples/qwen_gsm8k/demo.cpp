@@ -4,6 +4,7 @@
 #include <dapo/logprob.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -25,14 +26,17 @@ struct WarmStart {
 };
 
 // Supervised warm start: teacher forcing on prompt + worked solution + <|im_end|>, mean NLL over the answer tokens,
-// until the check accuracy is reached (see DemoOptions).
+// until the check accuracy is reached (see DemoOptions). Data parallel like the trainer: each rank takes its share
+// of every batch and of the check problems; the loss is each rank's part of the mean over the batch's answer tokens.
 WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& train,
-                     const DemoOptions& options, const TrainOptions& train_options) {
+                     const DemoOptions& options, const TrainOptions& train_options, Communicator& communicator) {
   const std::string& system_prompt = train_options.system_prompt;
   std::vector<Problem> check;
   ProblemSampler check_sampler(train.size(), options.seed ^ 0xC4ECull);
-  for (const auto index : check_sampler.next(static_cast<std::size_t>(options.sft_check_problems))) {
-    check.push_back(train[index]);
+  {
+    const auto indices = check_sampler.next(static_cast<std::size_t>(options.sft_check_problems));
+    const auto [begin, end] = communicator.shard(static_cast<int64_t>(indices.size()));
+    for (int64_t i = begin; i < end; ++i) check.push_back(train[indices[static_cast<std::size_t>(i)]]);
   }
   WarmStart result;
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.sft_lr).weight_decay(0.0));
@@ -43,7 +47,10 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
     std::vector<std::vector<int64_t>> sequences;
     std::vector<int64_t> prompt_lengths;
     int64_t longest = 0;
-    for (const auto index : sampler.next(static_cast<std::size_t>(options.sft_batch))) {
+    const auto indices = sampler.next(static_cast<std::size_t>(options.sft_batch));
+    const auto [begin, end] = communicator.shard(static_cast<int64_t>(indices.size()));
+    for (int64_t i = begin; i < end; ++i) {
+      const auto index = indices[static_cast<std::size_t>(i)];
       std::vector<int64_t> sequence = prompt_ids(tokenizer, system_prompt, train[index].question);
       prompt_lengths.push_back(static_cast<int64_t>(sequence.size()));
       for (const int32_t id : tokenizer.encode(demo_solution(train[index]))) sequence.push_back(id);
@@ -66,20 +73,34 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
     const torch::Tensor hidden = model->hidden_states(ids, mask, position_ids_from_mask(mask));
     const torch::Tensor selected = hidden.narrow(1, 0, longest - 1).index({targets_mask});
     const torch::Tensor targets = ids.narrow(1, 1, longest - 1).index({targets_mask});
-    const torch::Tensor loss = -dapo::linear_logprobs(selected, model->lm_head_weight(), targets).logp.mean();
+    const torch::Tensor logp = dapo::linear_logprobs(selected, model->lm_head_weight(), targets).logp;
+    torch::Tensor loss;
+    if (communicator.world_size() == 1) {
+      loss = -logp.mean();
+    } else {
+      const double tokens = communicator.all_reduce_sum({static_cast<double>(logp.numel())})[0];
+      loss = -logp.sum() / tokens;
+    }
     optimizer.zero_grad();
     loss.backward();
+    communicator.all_reduce_gradients(model->parameters());
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     optimizer.step();
     result.steps = step + 1;
     const bool close = result.check_accuracy >= options.sft_target_accuracy - 0.15;
     const int64_t every = close ? std::min<int64_t>(5, options.sft_check_every) : options.sft_check_every;
     if (result.steps >= options.sft_min_steps && result.steps % every == 0) {
-      result.check_accuracy = greedy_accuracy(model, tokenizer, check, rollout_options(train_options, tokenizer));
+      const double correct =
+          check.empty() ? 0.0
+                        : std::round(greedy_accuracy(model, tokenizer, check, rollout_options(train_options, tokenizer)) *
+                                     static_cast<double>(check.size()));
+      result.check_accuracy =
+          communicator.all_reduce_sum({correct})[0] / static_cast<double>(options.sft_check_problems);
       model->train();
-      if (!options.quiet) {
-        std::printf("warm start %lld | nll %.4f | greedy accuracy on %zu training problems %.3f\n",
-                    static_cast<long long>(result.steps), loss.item<double>(), check.size(), result.check_accuracy);
+      if (!options.quiet && communicator.is_root()) {
+        std::printf("warm start %lld | nll %.4f | greedy accuracy on %lld training problems %.3f\n",
+                    static_cast<long long>(result.steps), -logp.mean().item<double>(),  // rank 0's share
+                    static_cast<long long>(options.sft_check_problems), result.check_accuracy);
         std::fflush(stdout);
       }
       if (result.check_accuracy >= options.sft_target_accuracy) break;
@@ -135,10 +156,17 @@ TrainOptions demo_train_options(const DemoOptions& options) {
   return train;
 }
 
-nlohmann::json run_demo(const DemoOptions& options) {
+nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator> communicator) {
   const auto started = std::chrono::steady_clock::now();
-  std::filesystem::create_directories(options.output_dir);
-  for (const char* stale : {"metrics.jsonl", "eval.jsonl"}) std::filesystem::remove(options.output_dir / stale);
+  if (communicator == nullptr) communicator = Communicator::create({}, torch::kCPU);
+  const bool root = communicator->is_root();
+  if (options.sft_batch < communicator->world_size() || options.sft_check_problems < communicator->world_size()) {
+    throw std::invalid_argument("demo: sft batch and check problems must be at least the number of ranks");
+  }
+  if (root) {
+    std::filesystem::create_directories(options.output_dir);
+    for (const char* stale : {"metrics.jsonl", "eval.jsonl"}) std::filesystem::remove(options.output_dir / stale);
+  }
   torch::manual_seed(static_cast<int64_t>(options.seed));
   const DemoProblems problems = make_demo_problems({.test_count = static_cast<std::size_t>(options.eval_problems),
                                                    .seed = options.seed});
@@ -146,28 +174,33 @@ nlohmann::json run_demo(const DemoOptions& options) {
   Qwen2ForCausalLM model(demo_model_config());
   initialize_weights(model);
 
-  const TrainOptions train_options = demo_train_options(options);
-  if (!options.quiet) {
+  TrainOptions train_options = demo_train_options(options);
+  if (!root) train_options.quiet = true;
+  if (!options.quiet && root) {
     std::printf("qwen_gsm8k demo: %s on generated arithmetic word problems (%zu train, %zu held out), tiny Qwen2 "
-                "(%lld parameters), byte-level tokenizer\n",
+                "(%lld parameters), byte-level tokenizer%s\n",
                 options.algorithm == Algorithm::kDapo ? "DAPO" : "GRPO", problems.train.size(), problems.test.size(),
                 static_cast<long long>([&] {
                   int64_t count = 0;
                   for (const auto& p : model->parameters()) count += p.numel();
                   return count;
-                }()));
+                }()),
+                communicator->world_size() > 1
+                    ? (", " + std::to_string(communicator->world_size()) + " data-parallel ranks").c_str()
+                    : "");
     std::fflush(stdout);
   }
-  const WarmStart warm = warm_start(model, tokenizer, problems.train, options, train_options);
+  const WarmStart warm = warm_start(model, tokenizer, problems.train, options, train_options, *communicator);
   const double warm_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
-  Trainer trainer(model, tokenizer, problems.train, problems.test, train_options);
+  Trainer trainer(model, tokenizer, problems.train, problems.test, train_options, communicator);
   trainer.run();  // evaluates first (the warm-started model), then trains, evaluating every eval_every steps
 
   const auto& evals = trainer.evals();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   nlohmann::json summary{{"algorithm", options.algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
                          {"seed", options.seed},
+                         {"ranks", communicator->world_size()},
                          {"sft_accuracy", evals.front().at("accuracy")},
                          {"final_accuracy", evals.back().at("accuracy")},
                          {"best_accuracy", 0.0},
@@ -193,6 +226,7 @@ nlohmann::json run_demo(const DemoOptions& options) {
                            {"model", demo_model_config().to_json()},
                            {"train", train_options.to_json()}}}};
   for (const auto& eval : evals) summary["best_accuracy"] = std::max(summary["best_accuracy"].get<double>(), eval.at("accuracy").get<double>());
+  if (!root) return summary;
   write_file_atomically(options.output_dir / "summary.json", summary.dump(2) + "\n");
   if (!options.quiet) {
     std::printf("\n%-28s %10s\n", "greedy accuracy (held out)", "value");

@@ -8,8 +8,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 
 #include "qwen_gsm8k/config.hpp"
+#include "qwen_gsm8k/distributed.hpp"
 #include "qwen_gsm8k/trainer.hpp"
 
 namespace qwen {
@@ -50,7 +52,8 @@ Config demo_model_config();
 TrainOptions demo_train_options(const DemoOptions& options);
 
 // Runs the demo; writes summary.json, metrics.jsonl, eval.jsonl, report.html and a final checkpoint to output_dir,
-// prints a before/after table unless quiet, and returns the summary.
-nlohmann::json run_demo(const DemoOptions& options);
+// prints a before/after table unless quiet, and returns the summary. With a communicator of several ranks, the warm
+// start and DAPO run data parallel (see Trainer) and rank 0 alone prints and writes.
+nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator> communicator = nullptr);
 
 }  // namespace qwen

@@ -4,10 +4,13 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "qwen_gsm8k/demo.hpp"
 #include "qwen_gsm8k/runtime.hpp"
@@ -59,29 +62,55 @@ void add_train_options(CLI::App& command, qwen::TrainOptions& o, std::string& ag
 int run_train(const std::string& model_dir, const std::string& train_file, const std::string& test_file,
               const std::string& output, const std::string& device_name, const std::string& dtype_name,
               const std::string& resume, qwen::TrainOptions options, const std::string& aggregation,
-              const std::string& algorithm, const qwen::DataFields& fields, bool skip_bad_lines, bool lenient) {
+              const std::string& algorithm, const qwen::DataFields& fields, bool skip_bad_lines, bool lenient,
+              qwen::DistributedConfig distributed) {
   if (algorithm == "grpo") options.use_grpo_baseline();
   if (!aggregation.empty() && algorithm != "grpo") options.loss.aggregation = dapo::aggregation_from_name(aggregation);
   if (lenient) options.rewards.answer_mode = dapo::gsm8k::AnswerMode::kLenient;
   options.output_dir = output;
   options.tokenizer_dir = model_dir;
-  const torch::Device device(device_name);
+  torch::Device device(device_name);
+  // One GPU per rank: cuda means cuda:LOCAL_RANK under a launcher.
+  if (device.is_cuda() && !device.has_index() && distributed.world_size > 1) {
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed.local_rank));
+  }
+  const auto communicator = qwen::Communicator::create(distributed, device);
   const auto dtype = dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
   const auto bad = skip_bad_lines ? qwen::BadLines::kSkip : qwen::BadLines::kError;
   auto train = qwen::load_problems(train_file, fields, bad);
   std::vector<qwen::Problem> test;
   if (!test_file.empty()) test = qwen::load_problems(test_file, fields, bad).problems;
-  std::printf("data: %zu training problems (%lld lines skipped), %zu test problems\n", train.problems.size(),
-              static_cast<long long>(train.skipped_lines), test.size());
+  if (communicator->is_root()) {
+    std::printf("data: %zu training problems (%lld lines skipped), %zu test problems\n", train.problems.size(),
+                static_cast<long long>(train.skipped_lines), test.size());
+  }
   auto model = qwen::load_model(model_dir, dtype, device);
   auto tokenizer = qwen::Tokenizer::from_directory(model_dir);
-  qwen::Trainer trainer(model, tokenizer, train.problems, test, options);
+  qwen::Trainer trainer(model, tokenizer, train.problems, test, options, communicator);
   if (!resume.empty()) {
     trainer.resume(resume);
-    std::printf("resumed at step %lld from %s\n", static_cast<long long>(trainer.step_index()), resume.c_str());
+    if (communicator->is_root()) {
+      std::printf("resumed at step %lld from %s\n", static_cast<long long>(trainer.step_index()), resume.c_str());
+    }
   }
   trainer.run();
+  communicator->barrier();  // rank 0 serves the rendezvous store: it leaves last
   return 0;
+}
+
+// argv without the launcher's own option (--nproc N or --nproc=N): what each rank runs.
+std::vector<std::string> rank_arguments(int argc, char** argv) {
+  std::vector<std::string> arguments;
+  for (int i = 0; i < argc; ++i) {
+    const std::string argument = argv[i];
+    if (argument == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (argument.rfind("--nproc=", 0) == 0) continue;
+    arguments.push_back(argument);
+  }
+  return arguments;
 }
 
 }  // namespace
@@ -90,8 +119,13 @@ int main(int argc, char** argv) {
   qwen::use_passive_openmp(argv);
   CLI::App app{"qwen_gsm8k: DAPO training of Qwen2.5 on GSM8K with the dapo library"};
   app.require_subcommand(1);
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  app.add_option("--threads", threads, "CPU threads for LibTorch");
+  // Under a launcher, the ranks on this machine share its cores.
+  int local_ranks = 1;
+  if (const char* local_world = std::getenv("LOCAL_WORLD_SIZE")) local_ranks = std::max(1, std::atoi(local_world));
+  int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
+  app.add_option("--threads", threads, "CPU threads for LibTorch (default: the cores, shared among local ranks)");
+  int nproc = 1;
+  double dist_timeout = 300;
 
   // demo
   qwen::DemoOptions demo;
@@ -115,6 +149,11 @@ int main(int argc, char** argv) {
   demo_command->add_option("--eval-every", demo.eval_every, "Evaluate every K steps");
   demo_command->add_option("--eval-problems", demo.eval_problems, "Held-out problems per evaluation");
   demo_command->add_flag("--quiet", demo.quiet, "No progress lines");
+  for (CLI::App* command : {demo_command}) {
+    command->add_option("--nproc", nproc, "Start this many data-parallel ranks on this machine (Gloo on CPU)");
+    command->add_option("--dist-timeout", dist_timeout,
+                        "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
+  }
 
   // train
   qwen::TrainOptions train;
@@ -138,6 +177,11 @@ int main(int argc, char** argv) {
   train_command->add_flag("--skip-bad-lines", skip_bad_lines, "Skip (and count) malformed data lines instead of stopping");
   train_command->add_flag("--lenient-answers", lenient, "Read answers leniently (-7, 1,080); default: the seed's parser");
   add_train_options(*train_command, train, aggregation);
+  train_command->add_option("--nproc", nproc,
+                            "Start this many data-parallel ranks on this machine (or use torchrun-style RANK, "
+                            "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
+  train_command->add_option("--dist-timeout", dist_timeout,
+                            "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
 
   // tokenize
   std::string tokenizer_dir;
@@ -149,22 +193,42 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
 
   CLI11_PARSE(app, argc, argv);
+  qwen::DistributedConfig distributed;
+  try {
+    if (nproc > 1) {
+      if (std::getenv("RANK") != nullptr) {
+        throw std::invalid_argument("--nproc " + std::to_string(nproc) + " inside a rank (RANK is set): use one or the other");
+      }
+      return qwen::launch_local_ranks(nproc, rank_arguments(argc, argv), std::chrono::seconds(30));
+    }
+    distributed = qwen::DistributedConfig::from_environment();
+    if (!(dist_timeout > 0)) throw std::invalid_argument("--dist-timeout must be > 0 seconds");
+    distributed.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_timeout * 1000));
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "qwen_gsm8k: %s\n", error.what());
+    return 2;
+  }
   at::set_num_threads(threads);
   try {
     if (tokenize->parsed()) return qwen::run_tokenize(tokenizer_dir, std::cin, std::cout, std::cerr);
     if (demo_command->parsed()) {
       demo.output_dir = demo_output;
       demo.algorithm = demo_algorithm == "grpo" ? qwen::Algorithm::kGrpo : qwen::Algorithm::kDapo;
-      qwen::run_demo(demo);
+      const auto communicator = qwen::Communicator::create(distributed, torch::kCPU);
+      qwen::run_demo(demo, communicator);
+      communicator->barrier();  // rank 0 serves the rendezvous store: it leaves last
       return 0;
     }
     if (train_command->parsed()) {
       fields.format = answer_format == "number" ? qwen::AnswerFormat::kNumber : qwen::AnswerFormat::kGsm8k;
       return run_train(model_dir, train_file, test_file, output, device, dtype, resume, train, aggregation, algorithm,
-                       fields, skip_bad_lines, lenient);
+                       fields, skip_bad_lines, lenient, distributed);
     }
   } catch (const std::exception& error) {
     std::fprintf(stderr, "qwen_gsm8k: %s\n", error.what());
+    std::fflush(stderr);
+    // With peers, leave at once: tearing down a process group whose peers are gone can block.
+    if (distributed.world_size > 1) std::_Exit(1);
     return 1;
   }
   return 0;

@@ -2,6 +2,7 @@
 #include "qwen_gsm8k/rollout.hpp"
 
 #include <chrono>
+#include <stdexcept>
 
 #include "qwen_gsm8k/chat.hpp"
 
@@ -65,6 +66,122 @@ double greedy_accuracy(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, cons
   double correct = 0;
   for (const auto& group : rollout(model, tokenizer, problems, greedy, 0)) correct += group.responses[0].score.correct;
   return correct / static_cast<double>(problems.size());
+}
+
+namespace {
+
+class Writer {
+ public:
+  void number(double value) { out_.push_back(value); }
+  void text(const std::string& value) {
+    number(static_cast<double>(value.size()));
+    for (const char c : value) number(static_cast<double>(static_cast<unsigned char>(c)));
+  }
+  void ids(const std::vector<int64_t>& value) {
+    number(static_cast<double>(value.size()));
+    for (const int64_t id : value) number(static_cast<double>(id));
+  }
+  std::vector<double> take() { return std::move(out_); }
+
+ private:
+  std::vector<double> out_;
+};
+
+class Reader {
+ public:
+  Reader(const double* values, std::size_t count) : values_(values), count_(count) {}
+  double number() {
+    if (position_ >= count_) throw std::runtime_error("decode_groups: the encoded groups end early (truncated message)");
+    return values_[position_++];
+  }
+  int64_t integer() { return static_cast<int64_t>(number()); }
+  std::size_t size() {
+    const int64_t value = integer();
+    if (value < 0 || static_cast<std::size_t>(value) > count_ - position_) {
+      throw std::runtime_error("decode_groups: a length of " + std::to_string(value) + " at value " +
+                               std::to_string(position_) + " exceeds the message");
+    }
+    return static_cast<std::size_t>(value);
+  }
+  std::string text() {
+    std::string value(size(), '\0');
+    for (auto& c : value) c = static_cast<char>(static_cast<unsigned char>(integer()));
+    return value;
+  }
+  std::vector<int64_t> ids() {
+    std::vector<int64_t> value(size());
+    for (auto& id : value) id = integer();
+    return value;
+  }
+  bool done() const { return position_ == count_; }
+
+ private:
+  const double* values_;
+  std::size_t count_, position_ = 0;
+};
+
+}  // namespace
+
+std::vector<double> encode_groups(const std::vector<Group>& groups) {
+  Writer out;
+  out.number(static_cast<double>(groups.size()));
+  for (const auto& group : groups) {
+    out.text(group.problem.question);
+    out.text(group.problem.reference);
+    out.number(group.problem.arithmetic.has_value());
+    if (const auto& arithmetic = group.problem.arithmetic) {
+      out.number(static_cast<double>(arithmetic->left));
+      out.number(arithmetic->operation == Arithmetic::Operation::kAdd ? 0 : 1);
+      out.number(static_cast<double>(arithmetic->right));
+    }
+    out.ids(group.prompt);
+    out.number(static_cast<double>(group.responses.size()));
+    for (const auto& response : group.responses) {
+      out.ids(response.ids);
+      out.text(response.text);
+      out.number(response.truncated);
+      const ResponseScore& score = response.score;
+      for (const double value : {score.parts.correctness, score.parts.digit, score.parts.hard_format, score.parts.mark,
+                                 score.overlong, score.total}) {
+        out.number(value);
+      }
+      out.number(score.correct);
+    }
+  }
+  return out.take();
+}
+
+std::vector<Group> decode_groups(const double* values, std::size_t count) {
+  Reader in(values, count);
+  std::vector<Group> groups(in.size());
+  for (auto& group : groups) {
+    group.problem.question = in.text();
+    group.problem.reference = in.text();
+    if (in.integer() != 0) {
+      Arithmetic arithmetic;
+      arithmetic.left = in.integer();
+      arithmetic.operation = in.integer() == 0 ? Arithmetic::Operation::kAdd : Arithmetic::Operation::kSubtract;
+      arithmetic.right = in.integer();
+      group.problem.arithmetic = arithmetic;
+    }
+    group.prompt = in.ids();
+    group.responses.resize(in.size());
+    for (auto& response : group.responses) {
+      response.ids = in.ids();
+      response.text = in.text();
+      response.truncated = in.integer() != 0;
+      ResponseScore& score = response.score;
+      score.parts.correctness = in.number();
+      score.parts.digit = in.number();
+      score.parts.hard_format = in.number();
+      score.parts.mark = in.number();
+      score.overlong = in.number();
+      score.total = in.number();
+      score.correct = in.integer() != 0;
+    }
+  }
+  if (!in.done()) throw std::runtime_error("decode_groups: " + std::to_string(count) + " values hold more than the groups");
+  return groups;
 }
 
 }  // namespace qwen

@@ -55,6 +55,11 @@ struct RolloutStats {
 double greedy_accuracy(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                        const RolloutOptions& options);
 
+// Groups as a flat list of numbers (token ids, bytes of the texts, scores; every value exact in a double) and back:
+// how data-parallel ranks exchange their rollouts through a collective.
+std::vector<double> encode_groups(const std::vector<Group>& groups);
+std::vector<Group> decode_groups(const double* values, std::size_t count);
+
 // group_size responses for each problem, sampled with `seed`; appends timing to stats when given.
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats = nullptr);

@@ -155,15 +155,25 @@ RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tok
 }
 
 Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Problem> train, std::vector<Problem> test,
-                 TrainOptions options)
+                 TrainOptions options, std::shared_ptr<Communicator> communicator)
     : model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       train_(std::move(train)),
       test_(std::move(test)),
       options_(std::move(options)),
-      sampler_(train_.empty() ? 1 : train_.size(), options_.seed) {
+      sampler_(train_.empty() ? 1 : train_.size(), options_.seed),
+      communicator_(std::move(communicator)) {
   options_.validate();
   if (train_.empty()) throw std::invalid_argument("trainer: the training set is empty");
+  if (communicator_ == nullptr) communicator_ = Communicator::create({}, model_->lm_head_weight().device());
+  if (!is_root()) options_.quiet = true;
+  if (world_size() > 1) {  // every rank starts from rank 0's weights
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> state;
+    for (const auto& parameter : model_->parameters()) state.push_back(parameter);
+    for (const auto& buffer : model_->buffers()) state.push_back(buffer);
+    communicator_->broadcast(state);
+  }
   rollout_options_ = rollout_options(options_, tokenizer_);
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       model_->parameters(), torch::optim::AdamWOptions(options_.lr)
@@ -202,7 +212,8 @@ std::vector<Group> Trainer::collect_groups(nlohmann::json& metrics) {
   auto next_groups = [&](int64_t round, int64_t count) {
     std::vector<Problem> problems;
     for (const auto index : sampler_.next(static_cast<std::size_t>(count))) problems.push_back(train_[index]);
-    return rollout(model_, tokenizer_, problems, rollout_options_, derived_seed(options_.seed, step_, round, 1), &stats);
+    const auto rank = static_cast<uint64_t>(communicator_->rank());
+    return round_groups(problems, derived_seed(options_.seed, step_, round, 1 + 16 * rank), stats);
   };
   torch::NoGradGuard no_grad;
   model_->eval();
@@ -243,9 +254,35 @@ std::vector<Group> Trainer::collect_groups(nlohmann::json& metrics) {
   metrics["truncated_fraction"] = truncated / responses;
   metrics["kept_groups"] = static_cast<int64_t>(batch.size());
   metrics["sampled_responses"] = responses;
-  metrics["rollout_tokens_per_second"] = static_cast<double>(stats.generated_tokens) / std::max(stats.seconds, 1e-9);
+  // Tokens of all ranks over this rank's generation time (the ranks wait for each other after every round).
+  const double generated = communicator_->all_reduce_sum({static_cast<double>(stats.generated_tokens)})[0];
+  metrics["rollout_tokens_per_second"] = generated / std::max(stats.seconds, 1e-9);
   metrics["rollout_seconds"] = stats.seconds;
   return batch;
+}
+
+std::vector<Group> Trainer::round_groups(const std::vector<Problem>& problems, uint64_t seed, RolloutStats& stats) {
+  const auto [begin, end] = communicator_->shard(static_cast<int64_t>(problems.size()));
+  const std::vector<Problem> mine(problems.begin() + begin, problems.begin() + end);
+  std::vector<Group> own;
+  if (options_.fixed_rollouts) {
+    own = options_.fixed_rollouts(mine);
+  } else if (!mine.empty()) {
+    own = rollout(model_, tokenizer_, mine, rollout_options_, seed, &stats);
+  }
+  if (world_size() == 1) return own;
+  std::vector<double> packed = encode_groups(own);
+  const std::vector<double> lengths = communicator_->all_gather({static_cast<double>(packed.size())});
+  const auto longest = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  packed.resize(longest, 0.0);
+  const std::vector<double> all = communicator_->all_gather(packed);
+  std::vector<Group> groups;
+  for (std::size_t rank = 0; rank < lengths.size(); ++rank) {
+    for (auto& group : decode_groups(all.data() + rank * longest, static_cast<std::size_t>(lengths[rank]))) {
+      groups.push_back(std::move(group));
+    }
+  }
+  return groups;
 }
 
 TrainBatch Trainer::build_batch(const std::vector<Group>& groups) const {
@@ -332,6 +369,16 @@ nlohmann::json Trainer::step() {
   auto rows_of = [&](int64_t first_group, int64_t groups_count) {
     return std::pair<int64_t, int64_t>{first_group * group_size, groups_count * group_size};
   };
+  // The micro-batches this rank trains on in mini-batch mb, as (first group, groups): its contiguous share of the
+  // mini-batch's groups (all of them in a single process), cut into micro_groups.
+  const auto [own_begin, own_end] = communicator_->shard(mini_groups);
+  auto micro_batches = [&, own_begin = own_begin, own_end = own_end](int64_t mb) {
+    std::vector<std::pair<int64_t, int64_t>> slices;
+    for (int64_t g = own_begin; g < own_end; g += micro_groups) {
+      slices.emplace_back(mb * mini_groups + g, std::min(micro_groups, own_end - g));
+    }
+    return slices;
+  };
   // The longest real row of a slice: its columns beyond are padding in every row.
   auto trimmed = [&](int64_t first_row, int64_t rows) {
     const torch::Tensor lengths = batch.attention_mask.narrow(0, first_row, rows).sum(1);
@@ -344,23 +391,28 @@ nlohmann::json Trainer::step() {
   torch::AutoGradMode enable_grad(true);  // whatever the caller's mode: the updates need gradients
   model_->train();
   double entropy_sum = 0.0;
-  batch.old_logp = torch::zeros(batch.loss_mask.sizes(), torch::kFloat32);
+  // linear_logprobs computes in float32 for float32 and half-precision weights, in float64 for float64 ones.
+  const bool float64 = model_->lm_head_weight().scalar_type() == torch::kFloat64;
+  batch.old_logp = torch::zeros(batch.loss_mask.sizes(), float64 ? torch::kFloat64 : torch::kFloat32);
   {
     torch::NoGradGuard no_grad;
-    for (int64_t g = 0; g < batch.groups; g += micro_groups) {
-      const auto [first, rows] = rows_of(g, micro_groups);
-      const int64_t length = trimmed(first, rows);
-      const torch::Tensor logp = response_logprobs(batch.input_ids.narrow(0, first, rows).narrow(1, 0, length),
-                                                   batch.attention_mask.narrow(0, first, rows).narrow(1, 0, length),
-                                                   batch.loss_mask.narrow(0, first, rows).narrow(1, 0, length - 1),
-                                                   &entropy_sum);
-      batch.old_logp.narrow(0, first, rows).narrow(1, 0, length - 1).copy_(logp.cpu());
+    for (int64_t mb = 0; mb < minibatches; ++mb) {
+      for (const auto& [g, count] : micro_batches(mb)) {
+        const auto [first, rows] = rows_of(g, count);
+        const int64_t length = trimmed(first, rows);
+        const torch::Tensor logp = response_logprobs(batch.input_ids.narrow(0, first, rows).narrow(1, 0, length),
+                                                     batch.attention_mask.narrow(0, first, rows).narrow(1, 0, length),
+                                                     batch.loss_mask.narrow(0, first, rows).narrow(1, 0, length - 1),
+                                                     &entropy_sum);
+        batch.old_logp.narrow(0, first, rows).narrow(1, 0, length - 1).copy_(logp.cpu());
+      }
     }
   }
   const double total_tokens = batch.loss_mask.sum().item<double>();
 
+  // This rank's parts of the step's sums; all-reduced after the updates.
   double clipped = 0, dual_clipped = 0, kl = 0, loss_sum = 0, grad_norm_sum = 0;
-  std::vector<double> clip_by_minibatch;
+  std::vector<double> clipped_by_minibatch, tokens_by_minibatch;
   for (int64_t epoch = 0; epoch < options_.ppo_epochs; ++epoch) {
     for (int64_t mb = 0; mb < minibatches; ++mb) {
       const auto [mb_first, mb_rows] = rows_of(mb * mini_groups, mini_groups);
@@ -369,8 +421,8 @@ nlohmann::json Trainer::step() {
       const double mb_nonempty = mb_mask.any(1).sum().item<double>();
       optimizer_->zero_grad();
       double mb_loss = 0, mb_clipped = 0;
-      for (int64_t g = mb * mini_groups; g < (mb + 1) * mini_groups; g += micro_groups) {
-        const auto [first, rows] = rows_of(g, micro_groups);
+      for (const auto& [g, count] : micro_batches(mb)) {
+        const auto [first, rows] = rows_of(g, count);
         const int64_t length = trimmed(first, rows);
         const torch::Tensor mask = batch.loss_mask.narrow(0, first, rows).narrow(1, 0, length - 1);
         const torch::Tensor logp = response_logprobs(batch.input_ids.narrow(0, first, rows).narrow(1, 0, length),
@@ -385,7 +437,7 @@ nlohmann::json Trainer::step() {
             loss_options.global_token_count = std::max(mb_tokens, 1.0);
             break;
           case dapo::LossAggregation::kGroupTokenMean:
-            share = static_cast<double>(micro_groups) / static_cast<double>(mini_groups);
+            share = static_cast<double>(count) / static_cast<double>(mini_groups);
             break;
           case dapo::LossAggregation::kSeqMeanTokenMean:
           case dapo::LossAggregation::kSeqMeanTokenSum:
@@ -403,10 +455,10 @@ nlohmann::json Trainer::step() {
         const double tokens = mask.sum().item<double>();
         mb_loss += out.loss.item<double>() * share;
         mb_clipped += out.clip_fraction.item<double>() * tokens;
-        clipped += out.clip_fraction.item<double>() * tokens;
         dual_clipped += out.dual_clip_fraction.item<double>() * tokens;
         kl += out.approx_kl.item<double>() * tokens;
       }
+      communicator_->all_reduce_gradients(model_->parameters());  // the sum of the ranks' shares: the mini-batch's
       const double grad_norm =
           torch::nn::utils::clip_grad_norm_(model_->parameters(), options_.grad_clip);
       const double lr = learning_rate(updates_);
@@ -417,9 +469,22 @@ nlohmann::json Trainer::step() {
       ++updates_;
       loss_sum += mb_loss;
       grad_norm_sum += grad_norm;
-      clip_by_minibatch.push_back(mb_tokens > 0 ? mb_clipped / mb_tokens : 0.0);
+      clipped += mb_clipped;
+      clipped_by_minibatch.push_back(mb_clipped);
+      tokens_by_minibatch.push_back(mb_tokens);
       metrics["lr"] = lr;
     }
+  }
+  {
+    std::vector<double> sums{clipped, dual_clipped, kl, loss_sum, entropy_sum};
+    sums.insert(sums.end(), clipped_by_minibatch.begin(), clipped_by_minibatch.end());
+    sums = communicator_->all_reduce_sum(sums);
+    clipped = sums[0], dual_clipped = sums[1], kl = sums[2], loss_sum = sums[3], entropy_sum = sums[4];
+    std::copy(sums.begin() + 5, sums.end(), clipped_by_minibatch.begin());
+  }
+  std::vector<double> clip_by_minibatch;
+  for (std::size_t i = 0; i < clipped_by_minibatch.size(); ++i) {
+    clip_by_minibatch.push_back(tokens_by_minibatch[i] > 0 ? clipped_by_minibatch[i] / tokens_by_minibatch[i] : 0.0);
   }
   const double update_seconds = seconds_since(update_started);
   const double counted = std::max(total_tokens * static_cast<double>(options_.ppo_epochs), 1.0);
@@ -458,18 +523,29 @@ EvalResult Trainer::evaluate() {
   const auto count = std::min<std::size_t>(static_cast<std::size_t>(options_.eval_problems), test_.size());
   result.problems = static_cast<int64_t>(count);
   if (count == 0) return result;
-  const std::vector<Problem> problems(test_.begin(), test_.begin() + static_cast<std::ptrdiff_t>(count));
-  result.accuracy = greedy_accuracy(model_, tokenizer_, problems, rollout_options_);
-  if (options_.eval_pass_k > 0) {
+  // Each rank evaluates its share of the problems; the counts are summed.
+  const auto [begin, end] = communicator_->shard(static_cast<int64_t>(count));
+  const std::vector<Problem> problems(test_.begin() + begin, test_.begin() + end);
+  double correct = 0, passed = 0;
+  if (!problems.empty()) {
+    correct = std::round(greedy_accuracy(model_, tokenizer_, problems, rollout_options_) *
+                         static_cast<double>(problems.size()));
+  }
+  if (options_.eval_pass_k > 0 && !problems.empty()) {
     RolloutOptions sampled = rollout_options_;
     sampled.group_size = options_.eval_pass_k;
-    double passed = 0;
-    for (const auto& group : rollout(model_, tokenizer_, problems, sampled, derived_seed(options_.seed, step_, 0, 2))) {
+    const auto rank = static_cast<uint64_t>(communicator_->rank());
+    for (const auto& group :
+         rollout(model_, tokenizer_, problems, sampled, derived_seed(options_.seed, step_, 0, 2 + 16 * rank))) {
       passed += std::any_of(group.responses.begin(), group.responses.end(),
                             [](const Response& response) { return response.score.correct; });
     }
+  }
+  const std::vector<double> totals = communicator_->all_reduce_sum({correct, passed});
+  result.accuracy = totals[0] / static_cast<double>(count);
+  if (options_.eval_pass_k > 0) {
     result.k = options_.eval_pass_k;
-    result.pass_at_k = passed / static_cast<double>(count);
+    result.pass_at_k = totals[1] / static_cast<double>(count);
   }
   evals_.push_back(result.to_json());
   append_jsonl("eval.jsonl", result.to_json());
@@ -481,7 +557,8 @@ void Trainer::run() {
   auto progress = [&](const std::string& line) {
     if (!options_.quiet) std::printf("%s\n", line.c_str()), std::fflush(stdout);
   };
-  if (evals_.empty() || evals_.back().at("step") != step_) {
+  // Rank 0 decides (after a resume only it has read the evaluations so far); the others follow.
+  if (communicator_->agree(evals_.empty() || evals_.back().at("step") != step_)) {
     const EvalResult eval = evaluate();
     progress("eval  step " + std::to_string(step_) + ": greedy accuracy " + std::to_string(eval.accuracy).substr(0, 5) +
              " on " + std::to_string(eval.problems) + " problems");
@@ -507,22 +584,22 @@ void Trainer::run() {
                std::to_string(eval.accuracy).substr(0, 5));
     }
     if (options_.save_every > 0 && step_ % options_.save_every == 0 && step_ < options_.total_steps &&
-        !options_.output_dir.empty()) {
+        !options_.output_dir.empty() && is_root()) {
       save_checkpoint();
     }
   }
-  if (evals_.empty() || evals_.back().at("step") != step_) {
+  if (communicator_->agree(evals_.empty() || evals_.back().at("step") != step_)) {
     const EvalResult eval = evaluate();
     progress("eval  step " + std::to_string(step_) + ": greedy accuracy " + std::to_string(eval.accuracy).substr(0, 5));
   }
-  if (!options_.output_dir.empty()) {
+  if (!options_.output_dir.empty() && is_root()) {
     save_checkpoint();
     write_report();
   }
 }
 
 void Trainer::append_jsonl(const char* file, const nlohmann::json& row) const {
-  if (options_.output_dir.empty()) return;
+  if (options_.output_dir.empty() || !is_root()) return;
   std::ofstream out(options_.output_dir / file, std::ios::app);
   out << row.dump() << "\n";
   if (!out) throw std::runtime_error((options_.output_dir / file).string() + ": write failed (disk full?)");
@@ -539,6 +616,7 @@ void Trainer::write_report() const {
 
 std::filesystem::path Trainer::save_checkpoint() {
   if (options_.output_dir.empty()) throw std::logic_error("save_checkpoint: no output_dir");
+  if (!is_root()) throw std::logic_error("save_checkpoint: only rank 0 writes checkpoints");
   char name[32];
   std::snprintf(name, sizeof name, "step-%06lld", static_cast<long long>(step_));
   return commit_checkpoint(
@@ -593,7 +671,7 @@ void Trainer::resume(const std::filesystem::path& checkpoint) {
   // Keep the rows the checkpointed run had written; drop those of steps after it.
   metrics_.clear();
   evals_.clear();
-  if (!options_.output_dir.empty()) {
+  if (!options_.output_dir.empty() && is_root()) {
     const auto rows = [&](const char* file, std::size_t keep, std::vector<nlohmann::json>& into) {
       const auto path = options_.output_dir / file;
       if (!std::filesystem::exists(path)) return;

@@ -14,12 +14,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "qwen_gsm8k/data.hpp"
+#include "qwen_gsm8k/distributed.hpp"
 #include "qwen_gsm8k/model.hpp"
 #include "qwen_gsm8k/rollout.hpp"
 #include "qwen_gsm8k/tokenizer.hpp"
@@ -65,6 +67,9 @@ struct TrainOptions {
   std::filesystem::path output_dir;  // metrics.jsonl, eval.jsonl, checkpoints/, report.html; empty: write nothing
   std::filesystem::path tokenizer_dir;  // copied into checkpoints when set
   bool quiet = false;                // no progress lines
+  // Tests only: replaces sampling from the policy. Must depend on the problems alone (not on the rank or the batch),
+  // so that runs with different numbers of ranks see the same rollouts. Not saved, not in to_json.
+  std::function<std::vector<Group>(const std::vector<Problem>&)> fixed_rollouts;
 
   // The GRPO baseline for ablations: symmetric clip 0.2, sequence-mean aggregation, no dynamic sampling, no shaping.
   void use_grpo_baseline();
@@ -88,17 +93,25 @@ struct TrainBatch {
   torch::Tensor attention_mask;  // [B, L] int64
   torch::Tensor loss_mask;       // [B, L - 1] bool: the target is a response token (and counts in the loss)
   torch::Tensor advantages;      // [B] float32
-  torch::Tensor old_logp;        // [B, L - 1] float32, 0 outside loss_mask
+  torch::Tensor old_logp;        // [B, L - 1] float32 (float64 for a float64 model), 0 outside loss_mask
   int64_t groups = 0, group_size = 0;
 };
 
 // The rollout settings a TrainOptions implies for this tokenizer: stop ids <|im_end|> and <|endoftext|>, pad, budget.
 RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer);
 
+// Data parallel (a communicator of more than one rank; see docs/distributed.md): every rank holds the whole model and
+// the same data order. Each generation round, rank r samples its contiguous share of the round's prompts; the groups
+// are then all-gathered, so every rank holds the same global round and makes the same dynamic-sampling decision
+// (the single-process decision over the same rollouts). Each mini-batch of the global batch is split into contiguous
+// shares of groups; a rank's loss is its share of the mini-batch loss (token-mean over the mini-batch's global token
+// count), so the all-reduced (summed) gradient is the single-process gradient of the global batch. Evaluation splits
+// its problems. Rank 0 alone writes files (metrics, evaluations, checkpoints, the report).
 class Trainer {
  public:
+  // communicator: null or one rank for a single process.
   Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Problem> train, std::vector<Problem> test,
-          TrainOptions options);
+          TrainOptions options, std::shared_ptr<Communicator> communicator = nullptr);
 
   // One DAPO step; returns its metrics row (also appended to metrics.jsonl).
   nlohmann::json step();
@@ -125,6 +138,10 @@ class Trainer {
 
  private:
   std::vector<Group> collect_groups(nlohmann::json& metrics);
+  // This rank's rollouts for its share of `problems`, all-gathered: every rank returns the round's groups in order.
+  std::vector<Group> round_groups(const std::vector<Problem>& problems, uint64_t seed, RolloutStats& stats);
+  bool is_root() const { return communicator_ == nullptr || communicator_->is_root(); }
+  int world_size() const { return communicator_ == nullptr ? 1 : communicator_->world_size(); }
   TrainBatch build_batch(const std::vector<Group>& groups) const;
   void append_jsonl(const char* file, const nlohmann::json& row) const;
   double learning_rate(int64_t update) const;  // warm-up, then constant or cosine
@@ -140,6 +157,7 @@ class Trainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   int64_t step_ = 0, updates_ = 0;
   std::vector<nlohmann::json> metrics_, evals_;
+  std::shared_ptr<Communicator> communicator_;
 };
 
 }  // namespace qwen

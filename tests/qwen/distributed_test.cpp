@@ -1,0 +1,264 @@
+// Data parallel with c10d over 127.0.0.1: 2 Gloo ranks and 1 process reach the same parameters from the same
+// rollouts; a killed rank makes the other stop with an error naming it; the rendezvous variables are checked; rollouts
+// survive their exchange between ranks exactly.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "qwen_gsm8k/distributed.hpp"
+#include "qwen_gsm8k/rollout.hpp"
+#include "support/qwen_fixtures.hpp"
+
+extern char** environ;
+
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Starts the worker as `rank` of `world` (world 0: no rendezvous variables), its stderr into `log`.
+pid_t start_worker(const std::vector<std::string>& arguments, int rank, int world, int port,
+                   const std::filesystem::path& log) {
+  std::vector<std::string> environment;
+  for (char** variable = environ; *variable != nullptr; ++variable) {
+    const std::string text = *variable;
+    if (text.rfind("RANK=", 0) != 0 && text.rfind("WORLD_SIZE=", 0) != 0 && text.rfind("MASTER_", 0) != 0) {
+      environment.push_back(text);
+    }
+  }
+  if (world > 0) {
+    environment.push_back("RANK=" + std::to_string(rank));
+    environment.push_back("WORLD_SIZE=" + std::to_string(world));
+    environment.push_back("MASTER_ADDR=127.0.0.1");
+    environment.push_back("MASTER_PORT=" + std::to_string(port));
+  }
+  std::vector<std::string> args{DISTRIBUTED_WORKER};
+  args.insert(args.end(), arguments.begin(), arguments.end());
+  std::vector<char*> argv, envp;
+  for (auto& text : args) argv.push_back(text.data());
+  argv.push_back(nullptr);
+  for (auto& text : environment) envp.push_back(text.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  const int error = posix_spawn(&pid, DISTRIBUTED_WORKER, &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(error == 0);
+  return pid;
+}
+
+// The exit status (128 + signal when killed), or -1 if it is still running after `limit`.
+int wait_for(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<torch::Tensor> load_parameters(const std::filesystem::path& path) {
+  std::vector<torch::Tensor> parameters;
+  torch::load(parameters, path.string());
+  return parameters;
+}
+
+// Largest |a - b| / max(|b|, 1e-3) over every element of every tensor.
+double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].sizes() == b[i].sizes());
+    const torch::Tensor x = a[i].to(torch::kFloat64), y = b[i].to(torch::kFloat64);
+    worst = std::max(worst, ((x - y).abs() / y.abs().clamp_min(1e-3)).max().item<double>());
+  }
+  return worst;
+}
+
+void check_two_ranks_match_one_process(const std::string& dtype, double tolerance) {
+  dapo::test::ScratchDir scratch;
+  const auto single = scratch.path() / "single", ranks = scratch.path() / "ranks";
+  std::filesystem::create_directories(single);
+  std::filesystem::create_directories(ranks);
+  // One process with micro-batches of 1 group computes each mini-batch (2 groups) in the same slices as 2 ranks of
+  // 1 group each.
+  const pid_t alone = start_worker({"train", single.string(), "1", dtype}, 0, 0, 0, single / "log");
+  REQUIRE_MESSAGE(wait_for(alone, std::chrono::seconds(300)) == 0, read_text(single / "log"));
+  const int port = free_port();
+  const pid_t rank0 = start_worker({"train", ranks.string(), "0", dtype}, 0, 2, port, ranks / "log0");
+  const pid_t rank1 = start_worker({"train", ranks.string(), "0", dtype}, 1, 2, port, ranks / "log1");
+  const int status0 = wait_for(rank0, std::chrono::seconds(300)), status1 = wait_for(rank1, std::chrono::seconds(60));
+  REQUIRE_MESSAGE(status0 == 0, read_text(ranks / "log0"));
+  REQUIRE_MESSAGE(status1 == 0, read_text(ranks / "log1"));
+
+  const auto reference = load_parameters(single / "params-rank0.pt");
+  const auto first = load_parameters(ranks / "params-rank0.pt"), second = load_parameters(ranks / "params-rank1.pt");
+  CHECK(std::string(c10::toString(reference[0].scalar_type())) == (dtype == "float64" ? "Double" : "Float"));
+  const double across_ranks = max_relative_difference(first, second);
+  const double versus_single = max_relative_difference(first, reference);
+  MESSAGE(dtype << ": rank 0 vs rank 1 " << across_ranks << ", 2 ranks vs 1 process " << versus_single);
+  CHECK(across_ranks == 0.0);  // the same all-reduced gradients, the same optimizer: the very same bits
+  // Rank 1 started from its own random weights and got rank 0's; training moved them.
+  CHECK(max_relative_difference(load_parameters(ranks / "initial-rank1.pt"),
+                                load_parameters(ranks / "initial-rank0.pt")) == 0.0);
+  CHECK(max_relative_difference(first, load_parameters(ranks / "initial-rank0.pt")) > 1e-3);
+  CHECK(versus_single <= tolerance);
+
+  // The run trained (the parameters moved) and the metrics of the 2-rank run are the single process's.
+  const auto metrics_single = dapo::test::read_json(single / "metrics.json");
+  const auto metrics_ranks = dapo::test::read_json(ranks / "metrics.json");
+  REQUIRE(metrics_single.size() == 3);
+  REQUIRE(metrics_ranks.size() == 3);
+  for (std::size_t step = 0; step < 3; ++step) {
+    for (const char* key : {"reward_mean", "accuracy", "kept_groups", "filtered_groups", "gen_rounds"}) {
+      CHECK(metrics_single[step].at(key) == metrics_ranks[step].at(key));
+    }
+    for (const char* key : {"loss", "clip_fraction", "approx_kl", "entropy", "grad_norm"}) {
+      CHECK(metrics_ranks[step].at(key).get<double>() ==
+            doctest::Approx(metrics_single[step].at(key).get<double>()).epsilon(tolerance * 10));
+    }
+  }
+  CHECK(metrics_ranks[0].at("filtered_groups").get<int64_t>() + metrics_ranks[1].at("filtered_groups").get<int64_t>() +
+            metrics_ranks[2].at("filtered_groups").get<int64_t>() >
+        0);  // the fixed rollouts exercise dynamic sampling
+  CHECK(metrics_ranks[2].at("clip_fraction").get<double>() > 0.0);  // and the off-policy updates clip
+}
+
+}  // namespace
+
+TEST_CASE("2 Gloo ranks reach the parameters of 1 process on the same rollouts (float64 and float32)") {
+  check_two_ranks_match_one_process("float64", 1e-9);
+  check_two_ranks_match_one_process("float32", 1e-5);
+}
+
+TEST_CASE("a rank killed mid-run makes the other exit non-zero naming it") {
+  dapo::test::ScratchDir scratch;
+  const int port = free_port();
+  const pid_t rank0 = start_worker({"loop", scratch.path().string()}, 0, 2, port, scratch.path() / "log0");
+  const pid_t rank1 = start_worker({"loop", scratch.path().string()}, 1, 2, port, scratch.path() / "log1");
+  // Wait until both have finished a step together, then kill rank 1 without warning.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!std::filesystem::exists(scratch.path() / "rank1-step1") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE_MESSAGE(std::filesystem::exists(scratch.path() / "rank1-step1"), read_text(scratch.path() / "log1"));
+  ::kill(rank1, SIGKILL);
+  ::waitpid(rank1, nullptr, 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  const int status = wait_for(rank0, std::chrono::seconds(60));  // the collective timeout is 20 s
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const std::string log = read_text(scratch.path() / "log0");
+  MESSAGE("rank 0 stopped " << seconds << " s after rank 1 was killed: " << log);
+  CHECK(status != 0);
+  CHECK(status != -1);  // it stopped by itself
+  CHECK(log.find("lost rank 1") != std::string::npos);
+}
+
+TEST_CASE("rendezvous variables: torchrun's names, checked") {
+  auto with = [](std::vector<std::pair<const char*, const char*>> variables) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(name);
+    for (const auto& [name, value] : variables) ::setenv(name, value, 1);
+    struct Restore {
+      ~Restore() {
+        for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(name);
+      }
+    };
+    Restore restore;
+    return qwen::DistributedConfig::from_environment();
+  };
+  CHECK(with({}).world_size == 1);
+  const auto config = with({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.2"},
+                            {"MASTER_PORT", "29511"}});
+  CHECK(config.rank == 1);
+  CHECK(config.world_size == 4);
+  CHECK(config.master_addr == "10.0.0.2");
+  CHECK(config.master_port == 29511);
+  CHECK_THROWS_WITH_AS(with({{"RANK", "0"}}), doctest::Contains("RANK and WORLD_SIZE must be set together"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(with({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), doctest::Contains("RANK is 4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(with({{"RANK", "0"}, {"WORLD_SIZE", "two"}}), doctest::Contains("WORLD_SIZE is \"two\""),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}),
+                       doctest::Contains("MASTER_PORT is 70000"), std::invalid_argument);
+}
+
+TEST_CASE("rollouts survive their exchange between ranks exactly; shares are contiguous and balanced") {
+  qwen::Group group;
+  group.problem = {"Tom has 6 coins. \xE4\xBD\xA0 \"quoted\"", "-7.5",
+                   qwen::Arithmetic{6, qwen::Arithmetic::Operation::kSubtract, 4}};
+  group.prompt = {151644, 8948, 0, 255};
+  qwen::Response response;
+  response.ids = {1, 2, 151645};
+  response.text = "<answer>1,080</answer>";
+  response.truncated = true;
+  response.score.parts = {2.0, 0.5, 0.0, 0.25};
+  response.score.overlong = -0.375;
+  response.score.total = 2.375;
+  response.score.correct = true;
+  group.responses = {response, qwen::Response{}};
+  const std::vector<qwen::Group> groups{group, qwen::Group{}};
+  const std::vector<double> encoded = qwen::encode_groups(groups);
+  const auto decoded = qwen::decode_groups(encoded.data(), encoded.size());
+  REQUIRE(decoded.size() == 2);
+  CHECK(decoded[0].problem.question == group.problem.question);
+  CHECK(decoded[0].problem.reference == "-7.5");
+  REQUIRE(decoded[0].problem.arithmetic.has_value());
+  CHECK(decoded[0].problem.arithmetic->result() == 2);
+  CHECK(decoded[0].prompt == group.prompt);
+  REQUIRE(decoded[0].responses.size() == 2);
+  CHECK(decoded[0].responses[0].ids == response.ids);
+  CHECK(decoded[0].responses[0].text == response.text);
+  CHECK(decoded[0].responses[0].truncated);
+  CHECK(decoded[0].responses[0].score.parts.mark == 0.25);
+  CHECK(decoded[0].responses[0].score.overlong == -0.375);
+  CHECK(decoded[0].responses[0].score.total == 2.375);
+  CHECK(decoded[0].responses[0].score.correct);
+  CHECK(decoded[1].responses.empty());
+  CHECK_THROWS_WITH_AS(qwen::decode_groups(encoded.data(), encoded.size() - 1), doctest::Contains("end early"),
+                       std::runtime_error);
+
+  // shard(): world 1 is everything; 3 ranks split 7 as 3, 2, 2.
+  auto text = [](std::pair<int64_t, int64_t> range) {
+    return std::to_string(range.first) + ".." + std::to_string(range.second);
+  };
+  const auto single = qwen::Communicator::create({}, torch::kCPU);
+  CHECK(text(single->shard(7)) == "0..7");
+  CHECK(text(qwen::Communicator::share(7, 0, 3)) == "0..3");
+  CHECK(text(qwen::Communicator::share(7, 1, 3)) == "3..5");
+  CHECK(text(qwen::Communicator::share(7, 2, 3)) == "5..7");
+  CHECK(text(qwen::Communicator::share(1, 1, 2)) == "1..1");  // nothing left: an empty share
+}
