@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "qwen_gsm8k/report.hpp"
 #include "qwen_gsm8k/distributed.hpp"
 #include "qwen_gsm8k/rollout.hpp"
 #include "support/qwen_fixtures.hpp"
@@ -162,6 +163,35 @@ void check_two_ranks_match_one_process(const std::string& dtype, double toleranc
 TEST_CASE("2 Gloo ranks reach the parameters of 1 process on the same rollouts (float64 and float32)") {
   check_two_ranks_match_one_process("float64", 1e-9);
   check_two_ranks_match_one_process("float32", 1e-5);
+}
+
+TEST_CASE("2 ranks resumed from a checkpoint of step 2 reach the parameters of an uninterrupted 3-step run") {
+  dapo::test::ScratchDir scratch;
+  auto run_two_ranks = [&](const std::string& name, const std::vector<std::string>& extra) {
+    const auto dir = scratch.path() / name;
+    std::filesystem::create_directories(dir);
+    std::vector<std::string> arguments{"train", dir.string(), "0", "float32"};
+    arguments.insert(arguments.end(), extra.begin(), extra.end());
+    const int port = free_port();
+    const pid_t rank0 = start_worker(arguments, 0, 2, port, dir / "log0");
+    const pid_t rank1 = start_worker(arguments, 1, 2, port, dir / "log1");
+    const int status0 = wait_for(rank0, std::chrono::seconds(300)), status1 = wait_for(rank1, std::chrono::seconds(60));
+    REQUIRE_MESSAGE(status0 == 0, read_text(dir / "log0"));
+    REQUIRE_MESSAGE(status1 == 0, read_text(dir / "log1"));
+    return dir;
+  };
+  const auto whole = run_two_ranks("whole", {"3"});
+  const auto first = run_two_ranks("first", {"2"});
+  const auto checkpoint = first / "run" / "checkpoints" / "step-000002";
+  REQUIRE(std::filesystem::exists(checkpoint / "trainer_state.json"));
+  const auto resumed = run_two_ranks("resumed", {"3", checkpoint.string()});
+  CHECK(max_relative_difference(load_parameters(resumed / "params-rank0.pt"),
+                                load_parameters(whole / "params-rank0.pt")) == 0.0);
+  CHECK(max_relative_difference(load_parameters(resumed / "params-rank1.pt"),
+                                load_parameters(whole / "params-rank0.pt")) == 0.0);
+  // Rank 0 alone wrote its rows: one per step it ran (the resumed run has its own output directory).
+  CHECK(qwen::read_json_lines(resumed / "run" / "metrics.jsonl").size() == 1);
+  CHECK(qwen::read_json_lines(whole / "run" / "metrics.jsonl").size() == 3);
 }
 
 TEST_CASE("a rank killed mid-run makes the other exit non-zero naming it") {

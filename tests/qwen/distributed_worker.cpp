@@ -1,6 +1,8 @@
 // Test helper for distributed_test: one rank of a data-parallel run (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from
 // the environment; none set: a single process). Not a user tool.
-//   distributed_worker train OUT MICRO DTYPE  3 DAPO steps with fixed rollouts; writes OUT/params-rank<R>.pt
+//   distributed_worker train OUT MICRO DTYPE [STEPS [RESUME]]
+//       STEPS (3) DAPO steps with fixed rollouts, after resuming from checkpoint RESUME if given; writes
+//       OUT/params-rank<R>.pt, and rank 0 OUT/metrics.json and a checkpoint under OUT/run/checkpoints
 //   distributed_worker loop OUT              steps until killed, touching OUT/rank<R>-step<N> after each step
 // The rollouts depend on the problem alone (fixed_rollouts), so every number of ranks sees the same ones.
 #include <torch/torch.h>
@@ -53,8 +55,9 @@ std::vector<qwen::Group> fixed_rollouts(const qwen::Tokenizer& tokenizer, const 
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (argc < 3 || (mode != "train" && mode != "loop") || (mode == "train" && argc != 5)) {
-    std::fprintf(stderr, "usage: distributed_worker train OUT MICRO float32|float64 | distributed_worker loop OUT\n");
+  if (argc < 3 || (mode != "train" && mode != "loop") || (mode == "train" && (argc < 5 || argc > 7))) {
+    std::fprintf(stderr, "usage: distributed_worker train OUT MICRO float32|float64 [STEPS [RESUME]] | "
+                         "distributed_worker loop OUT\n");
     return 2;
   }
   const std::filesystem::path out = argv[2];
@@ -72,7 +75,7 @@ int main(int argc, char** argv) {
     const qwen::DemoProblems problems = qwen::make_demo_problems({.test_count = 8, .seed = 5});
 
     qwen::TrainOptions options;
-    options.total_steps = mode == "train" ? 3 : 1000000;
+    options.total_steps = mode == "train" ? (argc > 5 ? std::stoll(argv[5]) : 3) : 1000000;
     options.train_batch_size = 4;
     options.rollout_n = 4;
     options.ppo_mini_batch_size = 2;  // 2 updates per epoch
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
     options.warmup_steps = 2;
     options.seed = 11;
     options.quiet = true;
+    if (mode == "train") options.output_dir = out / "run";
     options.system_prompt = "Answer with <think> then <answer>.";
     options.fixed_rollouts = [&](const std::vector<qwen::Problem>& batch) {
       return fixed_rollouts(tokenizer, options, batch);
@@ -94,7 +98,8 @@ int main(int argc, char** argv) {
       for (const auto& parameter : trainer.model()->parameters()) initial.push_back(parameter.detach().clone());
       torch::save(initial, (out / ("initial-rank" + std::to_string(communicator->rank()) + ".pt")).string());
     }
-    for (int64_t step = 1; step <= options.total_steps; ++step) {
+    if (argc > 6) trainer.resume(argv[6]);
+    for (int64_t step = trainer.step_index() + 1; step <= options.total_steps; ++step) {
       trainer.step();
       if (mode == "loop") {
         std::ofstream(out / ("rank" + std::to_string(communicator->rank()) + "-step" + std::to_string(step))) << "\n";
@@ -105,6 +110,7 @@ int main(int argc, char** argv) {
     torch::save(parameters, (out / ("params-rank" + std::to_string(communicator->rank()) + ".pt")).string());
     if (communicator->is_root()) {
       std::ofstream(out / "metrics.json") << nlohmann::json(trainer.metrics()).dump() << "\n";
+      if (mode == "train") trainer.save_checkpoint();
     }
     communicator->barrier();
   } catch (const std::exception& error) {
