@@ -168,6 +168,12 @@ int main(int argc, char** argv) {
   train_command->add_option("--output", output, "Output directory");
   train_command->add_option("--device", device, "cpu or cuda[:N]");
   train_command->add_option("--dtype", dtype, "Weights: float32 or bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
+  std::string autocast = "off";
+  train_command
+      ->add_option("--autocast", autocast,
+                   "Mixed precision: forward passes in bfloat16 or float16 over float32 weights and optimizer state "
+                   "(torch.autocast), or off")
+      ->check(CLI::IsMember({"off", "bfloat16", "float16"}));
   train_command->add_option("--resume", resume, "Continue from a checkpoint (a checkpoint directory, or the checkpoints root)");
   train_command->add_option("--algo", algorithm, "dapo, or grpo (the baseline: clip 0.2/0.2, seq-mean-token-mean, no dynamic sampling, no shaping)")->check(CLI::IsMember({"dapo", "grpo"}));
   train_command->add_option("--system-prompt", train.system_prompt, "System prompt (default: the seed's)");
@@ -221,6 +227,7 @@ int main(int argc, char** argv) {
     }
     if (train_command->parsed()) {
       fields.format = answer_format == "number" ? qwen::AnswerFormat::kNumber : qwen::AnswerFormat::kGsm8k;
+      if (autocast != "off") train.autocast = autocast == "bfloat16" ? torch::kBFloat16 : torch::kHalf;
       return run_train(model_dir, train_file, test_file, output, device, dtype, resume, train, aggregation, algorithm,
                        fields, skip_bad_lines, lenient, distributed);
     }

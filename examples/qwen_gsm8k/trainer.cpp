@@ -11,6 +11,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "qwen_gsm8k/autocast.hpp"
 #include "qwen_gsm8k/checkpoint.hpp"
 #include "qwen_gsm8k/report.hpp"
 #include "qwen_gsm8k/weights.hpp"
@@ -85,6 +86,8 @@ void TrainOptions::validate() const {
   require(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio must lie in [0, 1]");
   require(eval_problems >= 0 && eval_pass_k >= 0 && eval_every >= 0 && save_every >= 0, "eval and save counts must be >= 0");
   require(logprob_chunk >= 1, "logprob_chunk must be >= 1");
+  require(!autocast || *autocast == torch::kBFloat16 || *autocast == torch::kHalf,
+          "autocast must be bfloat16 or float16 (or off)");
   sampling.validate();
   dapo::detail::check_policy_loss_options(loss, ppo_mini_batch_size * rollout_n, "train options");
 }
@@ -122,6 +125,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"lr_schedule", cosine_schedule ? "cosine" : "constant"},
           {"min_lr_ratio", min_lr_ratio},
           {"grad_clip", grad_clip},
+          {"autocast", !autocast ? "off" : *autocast == torch::kBFloat16 ? "bfloat16" : "float16"},
           {"eval_every", eval_every},
           {"eval_problems", eval_problems},
           {"eval_pass_k", eval_pass_k},
@@ -268,6 +272,7 @@ std::vector<Group> Trainer::round_groups(const std::vector<Problem>& problems, u
   if (options_.fixed_rollouts) {
     own = options_.fixed_rollouts(mine);
   } else if (!mine.empty()) {
+    const AutocastGuard autocast(model_->lm_head_weight().device(), options_.autocast);
     own = rollout(model_, tokenizer_, mine, rollout_options_, seed, &stats);
   }
   if (world_size() == 1) return own;
@@ -328,12 +333,21 @@ torch::Tensor Trainer::response_logprobs(const torch::Tensor& input_ids, const t
                                          const torch::Tensor& loss_mask, double* entropy_sum) {
   const auto device = model_->lm_head_weight().device();
   const torch::Tensor ids = input_ids.to(device), mask = attention_mask.to(device), targets_mask = loss_mask.to(device);
-  const torch::Tensor hidden = model_->hidden_states(ids, mask, position_ids_from_mask(mask));  // [B, L, H]
+  torch::Tensor hidden;
+  {
+    const AutocastGuard autocast(device, options_.autocast);
+    hidden = model_->hidden_states(ids, mask, position_ids_from_mask(mask));  // [B, L, H]
+  }
   const int64_t steps = ids.size(1) - 1;
-  const torch::Tensor selected = hidden.narrow(1, 0, steps).index({targets_mask});   // [N, H]
+  torch::Tensor selected = hidden.narrow(1, 0, steps).index({targets_mask});   // [N, H]
+  torch::Tensor lm_head = model_->lm_head_weight();
+  if (options_.autocast) {  // the lm-head product in the autocast dtype too; linear_logprobs keeps its softmax float32
+    selected = selected.to(*options_.autocast);
+    lm_head = lm_head.to(*options_.autocast);
+  }
   const torch::Tensor targets = ids.narrow(1, 1, steps).index({targets_mask});       // [N]
   const double temperature = options_.sampling.greedy() ? 1.0 : options_.sampling.temperature;
-  const auto out = dapo::linear_logprobs(selected, model_->lm_head_weight(), targets,
+  const auto out = dapo::linear_logprobs(selected, lm_head, targets,
                                          {.chunk_size = options_.logprob_chunk,
                                           .temperature = temperature,
                                           .with_entropy = entropy_sum != nullptr});
@@ -527,6 +541,7 @@ EvalResult Trainer::evaluate() {
   const auto [begin, end] = communicator_->shard(static_cast<int64_t>(count));
   const std::vector<Problem> problems(test_.begin() + begin, test_.begin() + end);
   double correct = 0, passed = 0;
+  const AutocastGuard autocast(model_->lm_head_weight().device(), options_.autocast);
   if (!problems.empty()) {
     correct = std::round(greedy_accuracy(model_, tokenizer_, problems, rollout_options_) *
                          static_cast<double>(problems.size()));

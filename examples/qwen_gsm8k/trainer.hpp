@@ -57,6 +57,9 @@ struct TrainOptions {
   double min_lr_ratio = 0.0;         // actor.optim.min_lr_ratio
   double grad_clip = 1.0;            // actor.grad_clip
   int64_t logprob_chunk = 1024;      // rows of lm-head logits alive at once (dapo::linear_logprobs)
+  // Mixed precision (torch.autocast; verl's FSDP mixed precision): the forward passes (rollouts, log-probs, evaluation)
+  // in this dtype, bfloat16 or float16, over float32 weights and optimizer state. Empty: the weights' dtype throughout.
+  std::optional<torch::ScalarType> autocast;
   int64_t max_rollout_rows = 0;      // sequences per generate() call; 0: all
   int64_t eval_every = 0;            // trainer.test_freq; 0: only at the start and the end
   int64_t eval_problems = 100;
