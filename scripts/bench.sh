@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmarks: builds them (Release) and runs the ones named (default: all) — loss, logprob, tokenizer, model.
+# The benchmarks: builds them (Release) and runs the ones named (default: all) — loss, logprob, tokenizer, model, step.
 # Every benchmark checks its result against a reference before timing. Prints tables and writes JSON to
 # ${DAPO_BUILD_DIR:-build}/bench-results/. DAPO_NATIVE=ON compiles them for this CPU (-march=native).
 # The model benchmark writes a random 2 GB Qwen2.5-0.5B-shaped checkpoint to /tmp once and takes a few minutes.
@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir=${DAPO_BUILD_DIR:-build}
 shared=${DAPO_SHARED_DIR:-../shared}
 benchmarks=("$@")
-((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model)
+((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model step)
 DAPO_EXTRA_CMAKE_ARGS="-DDAPO_NATIVE=${DAPO_NATIVE:-OFF}" scripts/setup.sh "${benchmarks[@]/%/_bench}"
 results="$build_dir/bench-results"
 mkdir -p "$results"
@@ -18,10 +18,13 @@ for name in "${benchmarks[@]}"; do
     tokenizer)
       "$build_dir/benchmarks/tokenizer_bench" --tokenizer "$shared/fixtures/tokenizer/qwen2.5" \
         --data "$shared/data/gsm8k/train.jsonl" --json "$results/tokenizer_bench.json" ;;
+    step)
+      "$build_dir/benchmarks/step_bench" --tokenizer "$shared/fixtures/tokenizer/qwen2.5" \
+        --json "$results/step_bench.json" ;;
     loss | logprob | model)
       "$build_dir/benchmarks/${name}_bench" --json "$results/${name}_bench.json" ;;
     *)
-      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer or model)" >&2
+      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer, model or step)" >&2
       exit 2 ;;
   esac
 done

@@ -1,0 +1,144 @@
+// The driver's training throughput: whole DAPO steps (Trainer::step) of a random Qwen2 model, with the split between
+// rollout (KV-cache generation of G responses per prompt) and update (old log-probs + ppo_epochs x mini-batches of
+// forward/backward/AdamW). Random weights rarely emit a stop token, so responses run to --new-tokens and the token
+// counts are those of the settings. Before timing it checks the step itself: the first update is on-policy (clip
+// fraction 0 in the first mini-batch) and the loss is finite.
+// Usage: step_bench [--shape demo|small] [--prompts P] [--rollout-n G] [--new-tokens N] [--mini P] [--epochs E]
+//                   [--steps S] [--threads T] [--json PATH] [--tokenizer DIR]
+//   demo:  the built-in demo model (hidden 64, 3 layers, byte vocabulary of 259) and its byte-level tokenizer
+//   small: hidden 256, 4 layers, 4 / 2 heads, intermediate 1024, Qwen2.5's vocabulary (151936) with tied embeddings
+//          (the lm-head dominates, as in the 0.5B-1.5B models) and the Qwen2.5 tokenizer from --tokenizer DIR
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "qwen_gsm8k/demo.hpp"
+#include "qwen_gsm8k/demo_problems.hpp"
+#include "qwen_gsm8k/runtime.hpp"
+#include "qwen_gsm8k/trainer.hpp"
+#include "qwen_gsm8k/weights.hpp"
+#include "support/harness.hpp"
+
+namespace {
+
+qwen::Config small_shape() {
+  return qwen::Config::from_json({{"model_type", "qwen2"},
+                                  {"vocab_size", 151936},
+                                  {"hidden_size", 256},
+                                  {"intermediate_size", 1024},
+                                  {"num_hidden_layers", 4},
+                                  {"num_attention_heads", 4},
+                                  {"num_key_value_heads", 2},
+                                  {"max_position_embeddings", 4096},
+                                  {"tie_word_embeddings", true}},
+                                 "step_bench small shape");
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qwen::use_passive_openmp(argv);
+  std::string shape = "small", json_path = "step_bench.json", tokenizer_dir;
+  int64_t prompts = 8, rollout_n = 4, new_tokens = 64, mini = 4, epochs = 2, steps = 3;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--shape") shape = value;
+    else if (flag == "--prompts") prompts = std::stoll(value);
+    else if (flag == "--rollout-n") rollout_n = std::stoll(value);
+    else if (flag == "--new-tokens") new_tokens = std::stoll(value);
+    else if (flag == "--mini") mini = std::stoll(value);
+    else if (flag == "--epochs") epochs = std::stoll(value);
+    else if (flag == "--steps") steps = std::stoll(value);
+    else if (flag == "--threads") threads = std::stoi(value);
+    else if (flag == "--json") json_path = value;
+    else if (flag == "--tokenizer") tokenizer_dir = value;
+    else {
+      std::fprintf(stderr, "step_bench: unknown option %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  if (shape != "demo" && shape != "small") {
+    std::fprintf(stderr, "step_bench: --shape is %s, expected demo or small\n", shape.c_str());
+    return 2;
+  }
+  if (shape == "small" && tokenizer_dir.empty()) {
+    std::fprintf(stderr, "step_bench: the small shape needs --tokenizer DIR (the Qwen2.5 tokenizer.json)\n");
+    return 2;
+  }
+  at::set_num_threads(threads);
+  torch::manual_seed(0);
+  const qwen::Config config = shape == "demo" ? qwen::demo_model_config() : small_shape();
+  qwen::Qwen2ForCausalLM model(config);
+  qwen::initialize_weights(model);
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  const qwen::Tokenizer tokenizer =
+      shape == "demo" ? qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
+                      : qwen::Tokenizer::from_directory(tokenizer_dir);
+  const qwen::DemoProblems problems = qwen::make_demo_problems({.test_count = 4, .seed = 3});
+
+  qwen::TrainOptions options;
+  options.total_steps = steps + 1;
+  options.train_batch_size = prompts;
+  options.rollout_n = rollout_n;
+  options.ppo_mini_batch_size = mini;
+  options.ppo_epochs = epochs;
+  options.dynamic_sampling = false;  // a random model is never right
+  options.max_new_tokens = new_tokens;
+  options.lr = 1e-5;
+  options.quiet = true;
+  options.system_prompt = "Answer with <think> then <answer>.";
+  qwen::Trainer trainer(model, tokenizer, problems.train, problems.test, options);
+
+  std::printf("DAPO step, %s shape (%.1fM parameters), float32; %d prompts x %d responses, %d new tokens, %d x %d "
+              "updates; %s, %d threads\n",
+              shape.c_str(), static_cast<double>(parameters) / 1e6, static_cast<int>(prompts),
+              static_cast<int>(rollout_n), static_cast<int>(new_tokens), static_cast<int>(epochs),
+              static_cast<int>(prompts / mini), dapo::bench::cpu_model().c_str(), threads);
+  const nlohmann::json first = trainer.step();  // warm-up, and the check
+  if (first.at("clip_fraction_by_minibatch").at(0).get<double>() != 0.0 || !std::isfinite(first.at("loss").get<double>())) {
+    throw std::runtime_error("step_bench: the first update is not on-policy or the loss is not finite: " + first.dump());
+  }
+  std::vector<double> rollout_tps, update_tps, rollout_s, update_s, step_s, lengths;
+  for (int64_t s = 0; s < steps; ++s) {
+    const nlohmann::json row = trainer.step();
+    rollout_tps.push_back(row.at("rollout_tokens_per_second"));
+    update_tps.push_back(row.at("update_tokens_per_second"));
+    rollout_s.push_back(row.at("rollout_seconds"));
+    update_s.push_back(row.at("update_seconds"));
+    step_s.push_back(row.at("step_seconds"));
+    lengths.push_back(row.at("response_length_mean"));
+  }
+  const double step_median = median(step_s);
+  std::printf("%-34s %12s\n", "median over steps", "value");
+  std::printf("%-34s %12.1f\n", "response length (tokens)", median(lengths));
+  std::printf("%-34s %12.1f\n", "rollout tokens/s (generated)", median(rollout_tps));
+  std::printf("%-34s %12.1f\n", "update tokens/s (all, x passes)", median(update_tps));
+  std::printf("%-34s %12.2f  (%.0f%%)\n", "rollout seconds", median(rollout_s), 100 * median(rollout_s) / step_median);
+  std::printf("%-34s %12.2f  (%.0f%%)\n", "update seconds", median(update_s), 100 * median(update_s) / step_median);
+  std::printf("%-34s %12.2f\n", "step seconds", step_median);
+  const nlohmann::json record{{"benchmark", "DAPO step: rollout and update throughput"},
+                              {"machine", dapo::bench::machine()},
+                              {"shape", shape},
+                              {"parameters", parameters},
+                              {"settings", options.to_json()},
+                              {"response_length", median(lengths)},
+                              {"rollout_tokens_per_second", median(rollout_tps)},
+                              {"update_tokens_per_second", median(update_tps)},
+                              {"rollout_seconds", median(rollout_s)},
+                              {"update_seconds", median(update_s)},
+                              {"step_seconds", step_median}};
+  dapo::bench::write_json(record, json_path);
+  std::printf("wrote %s\n", json_path.c_str());
+  return 0;
+}
