@@ -1,5 +1,6 @@
 // qwen_gsm8k: the command-line driver. Subcommands: demo (the built-in tiny run), train (a Hugging Face Qwen2.5 model
-// on GSM8K JSON lines), tokenize (JSON lines in, token ids out). Option names follow verl where it has one.
+// on GSM8K JSON lines), compare (charts of several runs), tokenize (JSON lines in, token ids out). Option names
+// follow verl where it has one.
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/demo.hpp"
+#include "qwen_gsm8k/report.hpp"
 #include "qwen_gsm8k/runtime.hpp"
 #include "qwen_gsm8k/tokenize_command.hpp"
 #include "qwen_gsm8k/weights.hpp"
@@ -189,6 +191,15 @@ int main(int argc, char** argv) {
   train_command->add_option("--dist-timeout", dist_timeout,
                             "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
 
+  // compare
+  std::string compare_output = "compare-output";
+  std::vector<std::string> compare_runs;
+  CLI::App* compare = app.add_subcommand("compare", "Charts of several runs side by side (accuracy against steps)");
+  compare->add_option("--output", compare_output, "Directory for the SVG charts");
+  compare->add_option("runs", compare_runs, "Run directories (with eval.jsonl / metrics.jsonl)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+
   // tokenize
   std::string tokenizer_dir;
   CLI::App* tokenize = app.add_subcommand(
@@ -217,6 +228,12 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
   try {
     if (tokenize->parsed()) return qwen::run_tokenize(tokenizer_dir, std::cin, std::cout, std::cerr);
+    if (compare->parsed()) {
+      for (const auto& path : qwen::write_comparison(compare_output, {compare_runs.begin(), compare_runs.end()})) {
+        std::printf("wrote %s\n", path.string().c_str());
+      }
+      return 0;
+    }
     if (demo_command->parsed()) {
       demo.output_dir = demo_output;
       demo.algorithm = demo_algorithm == "grpo" ? qwen::Algorithm::kGrpo : qwen::Algorithm::kDapo;

@@ -584,6 +584,39 @@ std::vector<Chart> training_charts(const std::vector<nlohmann::json>& metrics,
   return charts;
 }
 
+std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& runs) {
+  Chart held_out{"Held-out greedy accuracy", "step", "fraction correct", {}};
+  Chart sampled{"Sampled training accuracy", "step", "fraction correct", {}};
+  for (const auto& run : runs) {
+    std::string name = run.filename().empty() ? run.parent_path().filename().string() : run.filename().string();
+    if (fs::exists(run / "summary.json")) {
+      std::ifstream in(run / "summary.json");
+      const json summary = json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (summary.is_object() && summary.contains("algorithm") && summary.contains("seed")) {
+        name = summary.at("algorithm").get<std::string>() + " seed " + summary.at("seed").dump();
+      }
+    }
+    if (fs::exists(run / "eval.jsonl")) held_out.series.push_back(series_of(read_json_lines(run / "eval.jsonl"), "accuracy", name));
+    if (fs::exists(run / "metrics.jsonl")) {
+      sampled.series.push_back(series_of(read_json_lines(run / "metrics.jsonl"), "accuracy", name));
+    }
+  }
+  return {held_out, sampled};
+}
+
+std::vector<std::filesystem::path> write_comparison(const std::filesystem::path& output_dir,
+                                                    const std::vector<std::filesystem::path>& runs) {
+  std::error_code error;
+  fs::create_directories(output_dir, error);
+  if (error) throw std::runtime_error(output_dir.string() + ": cannot create directory: " + error.message());
+  std::vector<std::filesystem::path> written;
+  for (const Chart& chart : comparison_charts(runs)) {
+    written.push_back(output_dir / (slug_of(chart.title) + ".svg"));
+    write_atomically(written.back(), render_svg(chart));
+  }
+  return written;
+}
+
 void write_report(const std::filesystem::path& output_dir, const std::vector<nlohmann::json>& metrics,
                   const std::vector<nlohmann::json>& evals, const nlohmann::json& summary) {
   const fs::path plots_dir = output_dir / "plots";

@@ -40,6 +40,15 @@ std::string render_svg(const Chart& chart, int width = 640, int height = 320);
 std::vector<Chart> training_charts(const std::vector<nlohmann::json>& metrics,
                                    const std::vector<nlohmann::json>& evals);
 
+// Runs side by side: for each run directory (eval.jsonl, metrics.jsonl; summary.json or report's settings name it as
+// "<algorithm> seed <seed>" when present, else the directory's name), one series per run of held-out greedy accuracy
+// and one of sampled training accuracy, against steps: two charts. A run without a file has no series there.
+std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& runs);
+// Writes the comparison charts to output_dir/<slug>.svg (held-out-greedy-accuracy.svg, sampled-training-accuracy.svg),
+// atomically; returns the paths.
+std::vector<std::filesystem::path> write_comparison(const std::filesystem::path& output_dir,
+                                                    const std::vector<std::filesystem::path>& runs);
+
 // Writes output_dir/report.html (self-contained: inline SVGs, CSS, a table of `summary` with nested objects
 // flattened to dotted keys, a table of the eval rows) and output_dir/plots/<slug>.svg per chart of training_charts,
 // e.g. plots/reward.svg. Creates the directories; each file is written to "<name>.tmp" and renamed, so a reader

@@ -322,6 +322,33 @@ TEST_CASE("write_report: report.html and plots/*.svg for a 30-step run; all rend
   }
 }
 
+TEST_CASE("write_comparison: one series per run, named by algorithm and seed, rendered") {
+  dapo::test::ScratchDir dir;
+  const fs::path dapo_run = dir.path() / "a", grpo_run = dir.path() / "b", bare = dir.path() / "bare";
+  for (const auto& run : {dapo_run, grpo_run, bare}) fs::create_directories(run);
+  auto write = [](const fs::path& path, const std::string& text) { std::ofstream(path) << text; };
+  write(dapo_run / "summary.json", R"({"algorithm": "dapo", "seed": 1})");
+  write(dapo_run / "eval.jsonl", "{\"step\": 0, \"accuracy\": 0.6}\n{\"step\": 5, \"accuracy\": 0.8}\n");
+  write(dapo_run / "metrics.jsonl", "{\"step\": 1, \"accuracy\": 0.4}\n");
+  write(grpo_run / "summary.json", R"({"algorithm": "grpo", "seed": 1})");
+  write(grpo_run / "eval.jsonl", "{\"step\": 0, \"accuracy\": 0.6}\n{\"step\": 5, \"accuracy\": 0.7}\n");
+  write(bare / "eval.jsonl", "{\"step\": 0, \"accuracy\": 0.1}\n");
+
+  const auto charts = qwen::comparison_charts({dapo_run, grpo_run, bare});
+  REQUIRE(charts.size() == 2);
+  REQUIRE(charts[0].series.size() == 3);
+  CHECK(charts[0].series[0].name == "dapo seed 1");
+  CHECK(charts[0].series[1].name == "grpo seed 1");
+  CHECK(charts[0].series[2].name == "bare");
+  CHECK(charts[0].series[1].points.back() == std::pair<double, double>{5.0, 0.7});
+  REQUIRE(charts[1].series.size() == 1);  // only the first run has metrics
+  const auto written = qwen::write_comparison(dir.path() / "out", {dapo_run, grpo_run, bare});
+  REQUIRE(written.size() == 2);
+  CHECK(written[0].filename() == "held-out-greedy-accuracy.svg");
+  for (const auto& path : written) check_renders(path);
+  CHECK(contains(read_file(written[0]), "grpo seed 1"));
+}
+
 TEST_CASE("write_report: empty run, a single step, constant values; an unwritable directory names the path") {
   dapo::test::ScratchDir dir;
   qwen::write_report(dir.path() / "empty", {}, {}, json());
