@@ -1,6 +1,6 @@
 // Data parallel with c10d over 127.0.0.1: 2 Gloo ranks and 1 process reach the same parameters from the same
-// rollouts; a killed rank makes the other stop with an error naming it; the rendezvous variables are checked; rollouts
-// survive their exchange between ranks exactly.
+// rollouts, and so does a resumed 2-rank run; a killed rank, and a frozen one, make the other stop with an error naming
+// it; the rendezvous variables are checked; rollouts survive their exchange between ranks exactly.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -214,6 +214,30 @@ TEST_CASE("a rank killed mid-run makes the other exit non-zero naming it") {
   MESSAGE("rank 0 stopped " << seconds << " s after rank 1 was killed: " << log);
   CHECK(status != 0);
   CHECK(status != -1);  // it stopped by itself
+  CHECK(log.find("lost rank 1") != std::string::npos);
+}
+
+TEST_CASE("a rank that hangs (stopped) makes the other exit at the collective timeout naming it") {
+  dapo::test::ScratchDir scratch;
+  const int port = free_port();
+  const pid_t rank0 = start_worker({"loop", scratch.path().string()}, 0, 2, port, scratch.path() / "log0");
+  const pid_t rank1 = start_worker({"loop", scratch.path().string()}, 1, 2, port, scratch.path() / "log1");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!std::filesystem::exists(scratch.path() / "rank1-step1") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE_MESSAGE(std::filesystem::exists(scratch.path() / "rank1-step1"), read_text(scratch.path() / "log1"));
+  ::kill(rank1, SIGSTOP);  // alive but silent: no collective, no heartbeat
+  const auto stopped_at = std::chrono::steady_clock::now();
+  const int status = wait_for(rank0, std::chrono::seconds(90));  // the worker's collective timeout is 20 s
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  ::kill(rank1, SIGKILL);
+  ::waitpid(rank1, nullptr, 0);
+  const std::string log = read_text(scratch.path() / "log0");
+  MESSAGE("rank 0 stopped " << seconds << " s after rank 1 was frozen: " << log);
+  CHECK(status != 0);
+  CHECK(status != -1);
+  CHECK(seconds < 60);
   CHECK(log.find("lost rank 1") != std::string::npos);
 }
 
