@@ -52,16 +52,26 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--shape") shape = value;
-    else if (flag == "--prompts") prompts = std::stoll(value);
-    else if (flag == "--rollout-n") rollout_n = std::stoll(value);
-    else if (flag == "--new-tokens") new_tokens = std::stoll(value);
-    else if (flag == "--mini") mini = std::stoll(value);
-    else if (flag == "--epochs") epochs = std::stoll(value);
-    else if (flag == "--steps") steps = std::stoll(value);
-    else if (flag == "--threads") threads = std::stoi(value);
-    else if (flag == "--json") json_path = value;
-    else if (flag == "--tokenizer") tokenizer_dir = value;
+    if (flag == "--shape")
+      shape = value;
+    else if (flag == "--prompts")
+      prompts = std::stoll(value);
+    else if (flag == "--rollout-n")
+      rollout_n = std::stoll(value);
+    else if (flag == "--new-tokens")
+      new_tokens = std::stoll(value);
+    else if (flag == "--mini")
+      mini = std::stoll(value);
+    else if (flag == "--epochs")
+      epochs = std::stoll(value);
+    else if (flag == "--steps")
+      steps = std::stoll(value);
+    else if (flag == "--threads")
+      threads = std::stoi(value);
+    else if (flag == "--json")
+      json_path = value;
+    else if (flag == "--tokenizer")
+      tokenizer_dir = value;
     else {
       std::fprintf(stderr, "step_bench: unknown option %s\n", flag.c_str());
       return 2;
@@ -82,9 +92,9 @@ int main(int argc, char** argv) {
   qwen::initialize_weights(model);
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
-  const qwen::Tokenizer tokenizer =
-      shape == "demo" ? qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
-                      : qwen::Tokenizer::from_directory(tokenizer_dir);
+  const qwen::Tokenizer tokenizer = shape == "demo"
+                                        ? qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
+                                        : qwen::Tokenizer::from_directory(tokenizer_dir);
   const qwen::DemoProblems problems = qwen::make_demo_problems({.test_count = 4, .seed = 3});
 
   qwen::TrainOptions options;
@@ -100,14 +110,17 @@ int main(int argc, char** argv) {
   options.system_prompt = "Answer with <think> then <answer>.";
   qwen::Trainer trainer(model, tokenizer, problems.train, problems.test, options);
 
-  std::printf("DAPO step, %s shape (%.1fM parameters), float32; %d prompts x %d responses, %d new tokens, %d x %d "
-              "updates; %s, %d threads\n",
-              shape.c_str(), static_cast<double>(parameters) / 1e6, static_cast<int>(prompts),
-              static_cast<int>(rollout_n), static_cast<int>(new_tokens), static_cast<int>(epochs),
-              static_cast<int>(prompts / mini), dapo::bench::cpu_model().c_str(), threads);
+  std::printf(
+      "DAPO step, %s shape (%.1fM parameters), float32; %d prompts x %d responses, %d new tokens, %d x %d "
+      "updates; %s, %d threads\n",
+      shape.c_str(), static_cast<double>(parameters) / 1e6, static_cast<int>(prompts), static_cast<int>(rollout_n),
+      static_cast<int>(new_tokens), static_cast<int>(epochs), static_cast<int>(prompts / mini),
+      dapo::bench::cpu_model().c_str(), threads);
   const nlohmann::json first = trainer.step();  // warm-up, and the check
-  if (first.at("clip_fraction_by_minibatch").at(0).get<double>() != 0.0 || !std::isfinite(first.at("loss").get<double>())) {
-    throw std::runtime_error("step_bench: the first update is not on-policy or the loss is not finite: " + first.dump());
+  if (first.at("clip_fraction_by_minibatch").at(0).get<double>() != 0.0 ||
+      !std::isfinite(first.at("loss").get<double>())) {
+    throw std::runtime_error("step_bench: the first update is not on-policy or the loss is not finite: " +
+                             first.dump());
   }
   std::vector<double> rollout_tps, update_tps, rollout_s, update_s, step_s, lengths;
   for (int64_t s = 0; s < steps; ++s) {

@@ -33,8 +33,12 @@ class AutocastGuard {
 
  private:
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  static bool enabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
-  static torch::ScalarType get_dtype(c10::DeviceType type) { return at::autocast::get_autocast_dtype(type); }
+  static bool enabled(c10::DeviceType type) {
+    return at::autocast::is_autocast_enabled(type);
+  }
+  static torch::ScalarType get_dtype(c10::DeviceType type) {
+    return at::autocast::get_autocast_dtype(type);
+  }
   static void set(c10::DeviceType type, bool on, torch::ScalarType dtype) {
     at::autocast::set_autocast_enabled(type, on);
     at::autocast::set_autocast_dtype(type, dtype);

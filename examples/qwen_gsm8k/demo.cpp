@@ -18,7 +18,9 @@ namespace {
 // Short, so the byte-level prompt stays short; the same format the seed's system prompt asks for.
 constexpr const char* kDemoSystemPrompt = "Answer with <think> then <answer>.";
 
-Tokenizer demo_tokenizer() { return Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"}); }
+Tokenizer demo_tokenizer() {
+  return Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+}
 
 struct WarmStart {
   int64_t steps = 0;
@@ -91,9 +93,10 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
     const int64_t every = close ? std::min<int64_t>(5, options.sft_check_every) : options.sft_check_every;
     if (result.steps >= options.sft_min_steps && result.steps % every == 0) {
       const double correct =
-          check.empty() ? 0.0
-                        : std::round(greedy_accuracy(model, tokenizer, check, rollout_options(train_options, tokenizer)) *
-                                     static_cast<double>(check.size()));
+          check.empty()
+              ? 0.0
+              : std::round(greedy_accuracy(model, tokenizer, check, rollout_options(train_options, tokenizer)) *
+                           static_cast<double>(check.size()));
       result.check_accuracy =
           communicator.all_reduce_sum({correct})[0] / static_cast<double>(options.sft_check_problems);
       model->train();
@@ -168,8 +171,8 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
     for (const char* stale : {"metrics.jsonl", "eval.jsonl"}) std::filesystem::remove(options.output_dir / stale);
   }
   torch::manual_seed(static_cast<int64_t>(options.seed));
-  const DemoProblems problems = make_demo_problems({.test_count = static_cast<std::size_t>(options.eval_problems),
-                                                   .seed = options.seed});
+  const DemoProblems problems =
+      make_demo_problems({.test_count = static_cast<std::size_t>(options.eval_problems), .seed = options.seed});
   const Tokenizer tokenizer = demo_tokenizer();
   Qwen2ForCausalLM model(demo_model_config());
   initialize_weights(model);
@@ -177,17 +180,18 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
   TrainOptions train_options = demo_train_options(options);
   if (!root) train_options.quiet = true;
   if (!options.quiet && root) {
-    std::printf("qwen_gsm8k demo: %s on generated arithmetic word problems (%zu train, %zu held out), tiny Qwen2 "
-                "(%lld parameters), byte-level tokenizer%s\n",
-                options.algorithm == Algorithm::kDapo ? "DAPO" : "GRPO", problems.train.size(), problems.test.size(),
-                static_cast<long long>([&] {
-                  int64_t count = 0;
-                  for (const auto& p : model->parameters()) count += p.numel();
-                  return count;
-                }()),
-                communicator->world_size() > 1
-                    ? (", " + std::to_string(communicator->world_size()) + " data-parallel ranks").c_str()
-                    : "");
+    std::printf(
+        "qwen_gsm8k demo: %s on generated arithmetic word problems (%zu train, %zu held out), tiny Qwen2 "
+        "(%lld parameters), byte-level tokenizer%s\n",
+        options.algorithm == Algorithm::kDapo ? "DAPO" : "GRPO", problems.train.size(), problems.test.size(),
+        static_cast<long long>([&] {
+          int64_t count = 0;
+          for (const auto& p : model->parameters()) count += p.numel();
+          return count;
+        }()),
+        communicator->world_size() > 1
+            ? (", " + std::to_string(communicator->world_size()) + " data-parallel ranks").c_str()
+            : "");
     std::fflush(stdout);
   }
   const WarmStart warm = warm_start(model, tokenizer, problems.train, options, train_options, *communicator);
@@ -225,7 +229,8 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
                            {"cosine_schedule", options.cosine_schedule},
                            {"model", demo_model_config().to_json()},
                            {"train", train_options.to_json()}}}};
-  for (const auto& eval : evals) summary["best_accuracy"] = std::max(summary["best_accuracy"].get<double>(), eval.at("accuracy").get<double>());
+  for (const auto& eval : evals)
+    summary["best_accuracy"] = std::max(summary["best_accuracy"].get<double>(), eval.at("accuracy").get<double>());
   if (!root) return summary;
   write_file_atomically(options.output_dir / "summary.json", summary.dump(2) + "\n");
   if (!options.quiet) {
@@ -233,7 +238,8 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
     std::printf("%-28s %10.3f\n", "after warm start", summary["sft_accuracy"].get<double>());
     std::printf("%-28s %10.3f\n", options.algorithm == Algorithm::kDapo ? "after DAPO" : "after GRPO",
                 summary["final_accuracy"].get<double>());
-    std::printf("%-28s %+10.3f\n", "change", summary["final_accuracy"].get<double>() - summary["sft_accuracy"].get<double>());
+    std::printf("%-28s %+10.3f\n", "change",
+                summary["final_accuracy"].get<double>() - summary["sft_accuracy"].get<double>());
     std::printf("%-28s %9.0fs\n", "wall time", wall);
     std::printf("report: %s\n", (options.output_dir / "report.html").string().c_str());
   }

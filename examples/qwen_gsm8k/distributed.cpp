@@ -1,11 +1,11 @@
 // c10d rendezvous, collectives with lost-rank diagnosis, and the local multi-process launcher.
 #include "qwen_gsm8k/distributed.hpp"
 
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -17,8 +17,8 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 extern char** environ;
@@ -46,7 +46,8 @@ int integer_variable(const char* name, const std::string& value) {
     if (used == value.size()) return parsed;
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument(std::string("environment variable ") + name + " is \"" + value + "\", expected an integer");
+  throw std::invalid_argument(std::string("environment variable ") + name + " is \"" + value +
+                              "\", expected an integer");
 }
 
 }  // namespace
@@ -61,7 +62,8 @@ DistributedConfig DistributedConfig::from_environment() {
   }
   config.rank = integer_variable("RANK", *rank);
   config.world_size = integer_variable("WORLD_SIZE", *world);
-  config.local_rank = environment("LOCAL_RANK") ? integer_variable("LOCAL_RANK", *environment("LOCAL_RANK")) : config.rank;
+  config.local_rank =
+      environment("LOCAL_RANK") ? integer_variable("LOCAL_RANK", *environment("LOCAL_RANK")) : config.rank;
   if (const auto address = environment("MASTER_ADDR")) config.master_addr = *address;
   if (const auto port = environment("MASTER_PORT")) config.master_port = integer_variable("MASTER_PORT", *port);
   if (config.world_size < 1) throw std::invalid_argument("WORLD_SIZE is " + *world + ", expected >= 1");
@@ -94,19 +96,19 @@ std::shared_ptr<Communicator> Communicator::create(const DistributedConfig& conf
     communicator->heartbeat_store_ = c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
   } catch (const std::exception& error) {
     throw std::runtime_error("rank " + std::to_string(config.rank) + ": rendezvous at " + config.master_addr + ":" +
-                             std::to_string(config.master_port) + " failed (" + error.what() +
-                             "); are all " + std::to_string(config.world_size) + " ranks started with the same " +
+                             std::to_string(config.master_port) + " failed (" + error.what() + "); are all " +
+                             std::to_string(config.world_size) + " ranks started with the same " +
                              "MASTER_ADDR and MASTER_PORT?");
   }
-  communicator->heartbeat_store_->set("heartbeat/" + std::to_string(config.rank),
-                                      std::vector<uint8_t>(8, 0));
+  communicator->heartbeat_store_->set("heartbeat/" + std::to_string(config.rank), std::vector<uint8_t>(8, 0));
   communicator->heartbeat_ = std::thread([raw = communicator.get()] { raw->heartbeat_loop(); });
   const auto prefix = c10::make_intrusive<c10d::PrefixStore>("collectives", communicator->store_);
   if (device.is_cuda()) {
 #if defined(USE_C10D_NCCL)
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = config.timeout;
-    communicator->group_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, config.rank, config.world_size, nccl_options);
+    communicator->group_ =
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, config.rank, config.world_size, nccl_options);
 #else
     throw std::runtime_error("this LibTorch has no NCCL: data-parallel training on CUDA is not available");
 #endif
@@ -151,8 +153,8 @@ std::string Communicator::lost_ranks() {
       std::memcpy(&beat, bytes.data(), std::min<std::size_t>(8, bytes.size()));
       const double silent = static_cast<double>(now - beat) / 1000.0;
       if (silent > 4.0 * std::chrono::duration<double>(kHeartbeatPeriod).count()) {
-        lost += (lost.empty() ? "" : ", ") + ("rank " + std::to_string(rank) + " (no heartbeat for " +
-                                              std::to_string(silent).substr(0, 4) + " s)");
+        lost += (lost.empty() ? "" : ", ") +
+                ("rank " + std::to_string(rank) + " (no heartbeat for " + std::to_string(silent).substr(0, 4) + " s)");
       }
     } catch (const std::exception&) {
       return "rank 0 (the rendezvous host at " + config_.master_addr + ":" + std::to_string(config_.master_port) +
@@ -171,9 +173,9 @@ void Communicator::finish(const std::function<void()>& collective, const char* w
     const std::string lost = lost_ranks();
     std::string message = error.what();
     message = message.substr(0, message.find('\n'));
-    throw std::runtime_error("rank " + std::to_string(config_.rank) + ": " + what + " failed: " +
-                             (lost.empty() ? "no rank has stopped its heartbeat" : "lost " + lost) + " (" + message +
-                             ")");
+    throw std::runtime_error("rank " + std::to_string(config_.rank) + ": " + what +
+                             " failed: " + (lost.empty() ? "no rank has stopped its heartbeat" : "lost " + lost) +
+                             " (" + message + ")");
   }
 }
 

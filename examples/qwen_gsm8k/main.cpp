@@ -23,37 +23,55 @@ namespace {
 
 void add_train_options(CLI::App& command, qwen::TrainOptions& o, std::string& aggregation) {
   command.add_option("--steps", o.total_steps, "Training steps (verl trainer.total_training_steps)");
-  command.add_option("--train-batch-size", o.train_batch_size, "Prompts (groups) trained on per step (verl data.train_batch_size)");
-  command.add_option("--gen-batch-size", o.gen_batch_size, "Prompts per generation round (verl data.gen_batch_size); 0 = train batch size");
+  command.add_option("--train-batch-size", o.train_batch_size,
+                     "Prompts (groups) trained on per step (verl data.train_batch_size)");
+  command.add_option("--gen-batch-size", o.gen_batch_size,
+                     "Prompts per generation round (verl data.gen_batch_size); 0 = train batch size");
   command.add_option("--rollout-n", o.rollout_n, "Responses per prompt, G (verl actor_rollout_ref.rollout.n)");
-  command.add_option("--ppo-mini-batch-size", o.ppo_mini_batch_size, "Groups per optimizer update (verl actor.ppo_mini_batch_size)");
-  command.add_option("--ppo-micro-batch-size", o.ppo_micro_batch_size, "Groups per forward/backward (verl actor.ppo_micro_batch_size_per_gpu); 0 = mini-batch");
+  command.add_option("--ppo-mini-batch-size", o.ppo_mini_batch_size,
+                     "Groups per optimizer update (verl actor.ppo_mini_batch_size)");
+  command.add_option("--ppo-micro-batch-size", o.ppo_micro_batch_size,
+                     "Groups per forward/backward (verl actor.ppo_micro_batch_size_per_gpu); 0 = mini-batch");
   command.add_option("--ppo-epochs", o.ppo_epochs, "Passes over each step's batch (verl actor.ppo_epochs)");
-  command.add_option("--max-num-gen-batches", o.max_num_gen_batches, "Generation rounds allowed per step (verl algorithm.filter_groups.max_num_gen_batches); 0 = unlimited");
-  command.add_flag("!--no-dynamic-sampling", o.dynamic_sampling, "Keep groups whose responses all agree (verl algorithm.filter_groups.enable=false)");
+  command.add_option(
+      "--max-num-gen-batches", o.max_num_gen_batches,
+      "Generation rounds allowed per step (verl algorithm.filter_groups.max_num_gen_batches); 0 = unlimited");
+  command.add_flag("!--no-dynamic-sampling", o.dynamic_sampling,
+                   "Keep groups whose responses all agree (verl algorithm.filter_groups.enable=false)");
   command.add_flag("--mask-truncated", o.mask_truncated, "Overlong filtering: truncated responses out of the loss");
   command.add_option("--clip-ratio-low", o.loss.clip_low, "epsilon_low (verl actor.clip_ratio_low)");
   command.add_option("--clip-ratio-high", o.loss.clip_high, "epsilon_high, Clip-Higher (verl actor.clip_ratio_high)");
-  command.add_option("--clip-ratio-c", o.loss.dual_clip, "Dual-clip bound for A < 0; 0 disables (verl actor.clip_ratio_c)");
-  command.add_option("--loss-agg-mode", aggregation, "token-mean, group-token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (verl actor.loss_agg_mode)");
+  command.add_option("--clip-ratio-c", o.loss.dual_clip,
+                     "Dual-clip bound for A < 0; 0 disables (verl actor.clip_ratio_c)");
+  command.add_option("--loss-agg-mode", aggregation,
+                     "token-mean, group-token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm "
+                     "(verl actor.loss_agg_mode)");
   command.add_option("--max-new-tokens", o.max_new_tokens, "Response budget, L_max (verl data.max_response_length)");
-  command.add_option("--overlong-buffer-len", o.rewards.overlong_cache, "Soft overlong zone, L_cache; 0 disables (verl reward_model.overlong_buffer.len)");
-  command.add_option("--overlong-penalty-factor", o.rewards.overlong_factor, "(verl reward_model.overlong_buffer.penalty_factor)");
-  command.add_option("--temperature", o.sampling.temperature, "Rollout temperature (verl actor_rollout_ref.rollout.temperature)");
+  command.add_option("--overlong-buffer-len", o.rewards.overlong_cache,
+                     "Soft overlong zone, L_cache; 0 disables (verl reward_model.overlong_buffer.len)");
+  command.add_option("--overlong-penalty-factor", o.rewards.overlong_factor,
+                     "(verl reward_model.overlong_buffer.penalty_factor)");
+  command.add_option("--temperature", o.sampling.temperature,
+                     "Rollout temperature (verl actor_rollout_ref.rollout.temperature)");
   command.add_option("--top-p", o.sampling.top_p, "(verl actor_rollout_ref.rollout.top_p)");
   command.add_option("--top-k", o.sampling.top_k, "0 = off (verl actor_rollout_ref.rollout.top_k)");
   command.add_option("--lr", o.lr, "AdamW learning rate (verl actor.optim.lr)");
   command.add_option("--weight-decay", o.weight_decay, "(verl actor.optim.weight_decay)");
-  command.add_option("--warmup-steps", o.warmup_steps, "Linear warm-up, optimizer updates (verl actor.optim.lr_warmup_steps)");
-  command.add_flag("--cosine", o.cosine_schedule, "Cosine decay after warm-up (verl actor.optim.lr_scheduler_type=cosine)");
-  command.add_option("--min-lr-ratio", o.min_lr_ratio, "Cosine floor as a fraction of lr (verl actor.optim.min_lr_ratio)");
+  command.add_option("--warmup-steps", o.warmup_steps,
+                     "Linear warm-up, optimizer updates (verl actor.optim.lr_warmup_steps)");
+  command.add_flag("--cosine", o.cosine_schedule,
+                   "Cosine decay after warm-up (verl actor.optim.lr_scheduler_type=cosine)");
+  command.add_option("--min-lr-ratio", o.min_lr_ratio,
+                     "Cosine floor as a fraction of lr (verl actor.optim.min_lr_ratio)");
   command.add_option("--grad-clip", o.grad_clip, "Gradient-norm clip (verl actor.grad_clip)");
-  command.add_option("--eval-every", o.eval_every, "Evaluate every K steps, and at the start and end (verl trainer.test_freq)");
+  command.add_option("--eval-every", o.eval_every,
+                     "Evaluate every K steps, and at the start and end (verl trainer.test_freq)");
   command.add_option("--eval-problems", o.eval_problems, "Test problems per evaluation (greedy)");
   command.add_option("--pass-k", o.eval_pass_k, "Also report pass@k with sampling; 0 = off");
   command.add_option("--save-every", o.save_every, "Checkpoint every K steps, and at the end (verl trainer.save_freq)");
   command.add_option("--seed", o.seed, "Seed of every draw (data order, sampling)");
-  command.add_option("--correctness-weight", o.rewards.correctness_weight, "Weight of the correctness reward (2.0 when right)");
+  command.add_option("--correctness-weight", o.rewards.correctness_weight,
+                     "Weight of the correctness reward (2.0 when right)");
   command.add_option("--digit-weight", o.rewards.digit_weight, "Weight of the digit reward (0.5)");
   command.add_option("--format-weight", o.rewards.format_weight, "Weight of the strict format reward (0.5)");
   command.add_option("--mark-weight", o.rewards.mark_weight, "Weight of the tag reward (0.125 per tag)");
@@ -132,10 +150,12 @@ int main(int argc, char** argv) {
   // demo
   qwen::DemoOptions demo;
   std::string demo_output = "demo-output", demo_algorithm = "dapo";
-  CLI::App* demo_command = app.add_subcommand("demo", "The built-in run: tiny model, byte tokenizer, generated problems");
+  CLI::App* demo_command =
+      app.add_subcommand("demo", "The built-in run: tiny model, byte tokenizer, generated problems");
   demo_command->add_option("--output", demo_output, "Output directory (summary.json, metrics, report.html)");
   demo_command->add_option("--seed", demo.seed, "Seed; the same seed reproduces the numbers");
-  demo_command->add_option("--algo", demo_algorithm, "dapo or grpo (the baseline)")->check(CLI::IsMember({"dapo", "grpo"}));
+  demo_command->add_option("--algo", demo_algorithm, "dapo or grpo (the baseline)")
+      ->check(CLI::IsMember({"dapo", "grpo"}));
   demo_command->add_option("--sft-steps", demo.sft_steps, "Most warm-start updates");
   demo_command->add_option("--sft-min-steps", demo.sft_min_steps, "Fewest warm-start updates");
   demo_command->add_option("--sft-target", demo.sft_target_accuracy,
@@ -146,7 +166,8 @@ int main(int argc, char** argv) {
   demo_command->add_option("--rl-mini-groups", demo.rl_mini_groups, "Prompts per update (ppo_mini_batch_size)");
   demo_command->add_option("--rollout-n", demo.rollout_n, "Responses per prompt");
   demo_command->add_option("--ppo-epochs", demo.ppo_epochs, "Passes over each step's batch");
-  demo_command->add_flag("--cosine,!--constant-lr", demo.cosine_schedule, "Cosine decay of the RL learning rate (default) or a constant one");
+  demo_command->add_flag("--cosine,!--constant-lr", demo.cosine_schedule,
+                         "Cosine decay of the RL learning rate (default) or a constant one");
   demo_command->add_option("--sft-lr", demo.sft_lr, "Warm-start learning rate");
   demo_command->add_option("--eval-every", demo.eval_every, "Evaluate every K steps");
   demo_command->add_option("--eval-problems", demo.eval_problems, "Held-out problems per evaluation");
@@ -164,32 +185,43 @@ int main(int argc, char** argv) {
   qwen::DataFields fields;
   bool skip_bad_lines = false, lenient = false;
   CLI::App* train_command = app.add_subcommand("train", "DAPO on GSM8K JSON lines with a Hugging Face Qwen2.5 model");
-  train_command->add_option("--model", model_dir, "Model directory: config.json, safetensors, tokenizer.json")->required()->check(CLI::ExistingDirectory);
+  train_command->add_option("--model", model_dir, "Model directory: config.json, safetensors, tokenizer.json")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   train_command->add_option("--train", train_file, "Training JSON lines")->required()->check(CLI::ExistingFile);
   train_command->add_option("--test", test_file, "Evaluation JSON lines")->check(CLI::ExistingFile);
   train_command->add_option("--output", output, "Output directory");
   train_command->add_option("--device", device, "cpu or cuda[:N]");
-  train_command->add_option("--dtype", dtype, "Weights: float32 or bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
+  train_command->add_option("--dtype", dtype, "Weights: float32 or bfloat16")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   std::string autocast = "off";
   train_command
       ->add_option("--autocast", autocast,
                    "Mixed precision: forward passes in bfloat16 or float16 over float32 weights and optimizer state "
                    "(torch.autocast), or off")
       ->check(CLI::IsMember({"off", "bfloat16", "float16"}));
-  train_command->add_option("--resume", resume, "Continue from a checkpoint (a checkpoint directory, or the checkpoints root)");
-  train_command->add_option("--algo", algorithm, "dapo, or grpo (the baseline: clip 0.2/0.2, seq-mean-token-mean, no dynamic sampling, no shaping)")->check(CLI::IsMember({"dapo", "grpo"}));
+  train_command->add_option("--resume", resume,
+                            "Continue from a checkpoint (a checkpoint directory, or the checkpoints root)");
+  train_command
+      ->add_option("--algo", algorithm,
+                   "dapo, or grpo (the baseline: clip 0.2/0.2, seq-mean-token-mean, no dynamic sampling, no shaping)")
+      ->check(CLI::IsMember({"dapo", "grpo"}));
   train_command->add_option("--system-prompt", train.system_prompt, "System prompt (default: the seed's)");
   train_command->add_option("--question-field", fields.question, "JSON field of the question");
   train_command->add_option("--answer-field", fields.answer, "JSON field of the answer");
-  train_command->add_option("--answer-format", answer_format, "gsm8k (\"... #### N\") or number")->check(CLI::IsMember({"gsm8k", "number"}));
-  train_command->add_flag("--skip-bad-lines", skip_bad_lines, "Skip (and count) malformed data lines instead of stopping");
-  train_command->add_flag("--lenient-answers", lenient, "Read answers leniently (-7, 1,080); default: the seed's parser");
+  train_command->add_option("--answer-format", answer_format, "gsm8k (\"... #### N\") or number")
+      ->check(CLI::IsMember({"gsm8k", "number"}));
+  train_command->add_flag("--skip-bad-lines", skip_bad_lines,
+                          "Skip (and count) malformed data lines instead of stopping");
+  train_command->add_flag("--lenient-answers", lenient,
+                          "Read answers leniently (-7, 1,080); default: the seed's parser");
   add_train_options(*train_command, train, aggregation);
   train_command->add_option("--nproc", nproc,
                             "Start this many data-parallel ranks on this machine (or use torchrun-style RANK, "
                             "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
-  train_command->add_option("--dist-timeout", dist_timeout,
-                            "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
+  train_command->add_option(
+      "--dist-timeout", dist_timeout,
+      "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
 
   // compare
   std::string compare_output = "compare-output";
@@ -203,8 +235,9 @@ int main(int argc, char** argv) {
   // tokenize
   std::string tokenizer_dir;
   CLI::App* tokenize = app.add_subcommand(
-      "tokenize", "Read JSON lines on stdin (a string, or {\"messages\": [...], \"add_generation_prompt\": bool}) and "
-                  "write one JSON array of token ids per line");
+      "tokenize",
+      "Read JSON lines on stdin (a string, or {\"messages\": [...], \"add_generation_prompt\": bool}) and "
+      "write one JSON array of token ids per line");
   tokenize->add_option("--tokenizer", tokenizer_dir, "Directory with tokenizer.json (and tokenizer_config.json)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -214,7 +247,8 @@ int main(int argc, char** argv) {
   try {
     if (nproc > 1) {
       if (std::getenv("RANK") != nullptr) {
-        throw std::invalid_argument("--nproc " + std::to_string(nproc) + " inside a rank (RANK is set): use one or the other");
+        throw std::invalid_argument("--nproc " + std::to_string(nproc) +
+                                    " inside a rank (RANK is set): use one or the other");
       }
       return qwen::launch_local_ranks(nproc, rank_arguments(argc, argv), std::chrono::seconds(30));
     }

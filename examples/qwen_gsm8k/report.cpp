@@ -588,7 +588,8 @@ std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& r
   Chart held_out{"Held-out greedy accuracy", "step", "fraction correct", {}};
   Chart sampled{"Sampled training accuracy", "step", "fraction correct", {}};
   for (const auto& run : runs) {
-    std::string name = run.filename().empty() ? run.parent_path().filename().string() : run.filename().string();
+    const std::string directory = (run.filename().empty() ? run.parent_path() : run).filename().string();
+    std::string name = directory;
     if (fs::exists(run / "summary.json")) {
       std::ifstream in(run / "summary.json");
       const json summary = json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -596,7 +597,14 @@ std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& r
         name = summary.at("algorithm").get<std::string>() + " seed " + summary.at("seed").dump();
       }
     }
-    if (fs::exists(run / "eval.jsonl")) held_out.series.push_back(series_of(read_json_lines(run / "eval.jsonl"), "accuracy", name));
+    const bool taken = std::any_of(held_out.series.begin(), held_out.series.end(),
+                                   [&](const ChartSeries& series) { return series.name == name; }) ||
+                       std::any_of(sampled.series.begin(), sampled.series.end(),
+                                   [&](const ChartSeries& series) { return series.name == name; });
+    if (taken) name += " (" + directory + ")";
+    if (fs::exists(run / "eval.jsonl")) {
+      held_out.series.push_back(series_of(read_json_lines(run / "eval.jsonl"), "accuracy", name));
+    }
     if (fs::exists(run / "metrics.jsonl")) {
       sampled.series.push_back(series_of(read_json_lines(run / "metrics.jsonl"), "accuracy", name));
     }

@@ -41,7 +41,8 @@ std::vector<Chart> training_charts(const std::vector<nlohmann::json>& metrics,
                                    const std::vector<nlohmann::json>& evals);
 
 // Runs side by side: for each run directory (eval.jsonl, metrics.jsonl; summary.json or report's settings name it as
-// "<algorithm> seed <seed>" when present, else the directory's name), one series per run of held-out greedy accuracy
+// "<algorithm> seed <seed>" when present, else the directory's name; a name already taken gets the directory's name
+// added), one series per run of held-out greedy accuracy
 // and one of sampled training accuracy, against steps: two charts. A run without a file has no series there.
 std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& runs);
 // Writes the comparison charts to output_dir/<slug>.svg (held-out-greedy-accuracy.svg, sampled-training-accuracy.svg),

@@ -91,7 +91,8 @@ class Reader {
  public:
   Reader(const double* values, std::size_t count) : values_(values), count_(count) {}
   double number() {
-    if (position_ >= count_) throw std::runtime_error("decode_groups: the encoded groups end early (truncated message)");
+    if (position_ >= count_)
+      throw std::runtime_error("decode_groups: the encoded groups end early (truncated message)");
     return values_[position_++];
   }
   int64_t integer() { return static_cast<int64_t>(number()); }
@@ -180,7 +181,8 @@ std::vector<Group> decode_groups(const double* values, std::size_t count) {
       score.correct = in.integer() != 0;
     }
   }
-  if (!in.done()) throw std::runtime_error("decode_groups: " + std::to_string(count) + " values hold more than the groups");
+  if (!in.done())
+    throw std::runtime_error("decode_groups: " + std::to_string(count) + " values hold more than the groups");
   return groups;
 }
 

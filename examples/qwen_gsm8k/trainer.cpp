@@ -42,12 +42,15 @@ std::string format_duration(double seconds) {
     std::snprintf(text, sizeof text, "%lldh%02lldm", static_cast<long long>(total / 3600),
                   static_cast<long long>(total % 3600 / 60));
   } else {
-    std::snprintf(text, sizeof text, "%lldm%02llds", static_cast<long long>(total / 60), static_cast<long long>(total % 60));
+    std::snprintf(text, sizeof text, "%lldm%02llds", static_cast<long long>(total / 60),
+                  static_cast<long long>(total % 60));
   }
   return text;
 }
 
-const char* aggregation_text(dapo::LossAggregation aggregation) { return dapo::aggregation_name(aggregation).data(); }
+const char* aggregation_text(dapo::LossAggregation aggregation) {
+  return dapo::aggregation_name(aggregation).data();
+}
 
 }  // namespace
 
@@ -67,13 +70,15 @@ void TrainOptions::validate() const {
   require(total_steps >= 0, "total_steps must be >= 0");
   require(train_batch_size >= 1, "train_batch_size must be >= 1 (groups per step)");
   require(gen_batch_size >= 0, "gen_batch_size must be >= 0");
-  require(rollout_n >= 2, "rollout_n is " + std::to_string(rollout_n) + ", expected >= 2 (group advantages compare responses)");
+  require(rollout_n >= 2,
+          "rollout_n is " + std::to_string(rollout_n) + ", expected >= 2 (group advantages compare responses)");
   require(ppo_mini_batch_size >= 1 && train_batch_size % ppo_mini_batch_size == 0,
           "ppo_mini_batch_size " + std::to_string(ppo_mini_batch_size) + " must divide train_batch_size " +
               std::to_string(train_batch_size));
   const int64_t micro = ppo_micro_batch_size > 0 ? ppo_micro_batch_size : ppo_mini_batch_size;
   require(ppo_mini_batch_size % micro == 0, "ppo_micro_batch_size " + std::to_string(micro) +
-                                                " must divide ppo_mini_batch_size " + std::to_string(ppo_mini_batch_size));
+                                                " must divide ppo_mini_batch_size " +
+                                                std::to_string(ppo_mini_batch_size));
   require(ppo_epochs >= 1, "ppo_epochs must be >= 1");
   require(max_num_gen_batches >= 0, "max_num_gen_batches must be >= 0 (0 = unlimited)");
   require(max_new_tokens >= 1, "max_new_tokens must be >= 1");
@@ -84,7 +89,8 @@ void TrainOptions::validate() const {
   require(grad_clip > 0.0, "grad_clip must be > 0");
   require(warmup_steps >= 0, "warmup_steps must be >= 0");
   require(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio must lie in [0, 1]");
-  require(eval_problems >= 0 && eval_pass_k >= 0 && eval_every >= 0 && save_every >= 0, "eval and save counts must be >= 0");
+  require(eval_problems >= 0 && eval_pass_k >= 0 && eval_every >= 0 && save_every >= 0,
+          "eval and save counts must be >= 0");
   require(logprob_chunk >= 1, "logprob_chunk must be >= 1");
   require(!autocast || *autocast == torch::kBFloat16 || *autocast == torch::kHalf,
           "autocast must be bfloat16 or float16 (or off)");
@@ -125,7 +131,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"lr_schedule", cosine_schedule ? "cosine" : "constant"},
           {"min_lr_ratio", min_lr_ratio},
           {"grad_clip", grad_clip},
-          {"autocast", !autocast ? "off" : *autocast == torch::kBFloat16 ? "bfloat16" : "float16"},
+          {"autocast", !autocast                       ? "off"
+                       : *autocast == torch::kBFloat16 ? "bfloat16"
+                                                       : "float16"},
           {"eval_every", eval_every},
           {"eval_problems", eval_problems},
           {"eval_pass_k", eval_pass_k},
@@ -179,10 +187,9 @@ Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Proble
     communicator_->broadcast(state);
   }
   rollout_options_ = rollout_options(options_, tokenizer_);
-  optimizer_ = std::make_unique<torch::optim::AdamW>(
-      model_->parameters(), torch::optim::AdamWOptions(options_.lr)
-                                .betas({options_.beta1, options_.beta2})
-                                .weight_decay(options_.weight_decay));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(options_.lr)
+                                                                               .betas({options_.beta1, options_.beta2})
+                                                                               .weight_decay(options_.weight_decay));
   if (!options_.output_dir.empty()) std::filesystem::create_directories(options_.output_dir);
 }
 
@@ -323,9 +330,9 @@ TrainBatch Trainer::build_batch(const std::vector<Group>& groups) const {
       ++row;
     }
   }
-  batch.advantages = dapo::group_advantages(torch::tensor(rewards, torch::kFloat64), options_.rollout_n,
-                                            options_.advantage)
-                         .to(torch::kFloat32);
+  batch.advantages =
+      dapo::group_advantages(torch::tensor(rewards, torch::kFloat64), options_.rollout_n, options_.advantage)
+          .to(torch::kFloat32);
   return batch;
 }
 
@@ -339,18 +346,17 @@ torch::Tensor Trainer::response_logprobs(const torch::Tensor& input_ids, const t
     hidden = model_->hidden_states(ids, mask, position_ids_from_mask(mask));  // [B, L, H]
   }
   const int64_t steps = ids.size(1) - 1;
-  torch::Tensor selected = hidden.narrow(1, 0, steps).index({targets_mask});   // [N, H]
+  torch::Tensor selected = hidden.narrow(1, 0, steps).index({targets_mask});  // [N, H]
   torch::Tensor lm_head = model_->lm_head_weight();
   if (options_.autocast) {  // the lm-head product in the autocast dtype too; linear_logprobs keeps its softmax float32
     selected = selected.to(*options_.autocast);
     lm_head = lm_head.to(*options_.autocast);
   }
-  const torch::Tensor targets = ids.narrow(1, 1, steps).index({targets_mask});       // [N]
+  const torch::Tensor targets = ids.narrow(1, 1, steps).index({targets_mask});  // [N]
   const double temperature = options_.sampling.greedy() ? 1.0 : options_.sampling.temperature;
-  const auto out = dapo::linear_logprobs(selected, lm_head, targets,
-                                         {.chunk_size = options_.logprob_chunk,
-                                          .temperature = temperature,
-                                          .with_entropy = entropy_sum != nullptr});
+  const auto out = dapo::linear_logprobs(
+      selected, lm_head, targets,
+      {.chunk_size = options_.logprob_chunk, .temperature = temperature, .with_entropy = entropy_sum != nullptr});
   if (entropy_sum != nullptr) *entropy_sum += out.entropy.sum().item<double>();
   return torch::zeros(targets_mask.sizes(), out.logp.options()).masked_scatter(targets_mask, out.logp);
 }
@@ -414,10 +420,10 @@ nlohmann::json Trainer::step() {
       for (const auto& [g, count] : micro_batches(mb)) {
         const auto [first, rows] = rows_of(g, count);
         const int64_t length = trimmed(first, rows);
-        const torch::Tensor logp = response_logprobs(batch.input_ids.narrow(0, first, rows).narrow(1, 0, length),
-                                                     batch.attention_mask.narrow(0, first, rows).narrow(1, 0, length),
-                                                     batch.loss_mask.narrow(0, first, rows).narrow(1, 0, length - 1),
-                                                     &entropy_sum);
+        const torch::Tensor logp =
+            response_logprobs(batch.input_ids.narrow(0, first, rows).narrow(1, 0, length),
+                              batch.attention_mask.narrow(0, first, rows).narrow(1, 0, length),
+                              batch.loss_mask.narrow(0, first, rows).narrow(1, 0, length - 1), &entropy_sum);
         batch.old_logp.narrow(0, first, rows).narrow(1, 0, length - 1).copy_(logp.cpu());
       }
     }
@@ -439,9 +445,9 @@ nlohmann::json Trainer::step() {
         const auto [first, rows] = rows_of(g, count);
         const int64_t length = trimmed(first, rows);
         const torch::Tensor mask = batch.loss_mask.narrow(0, first, rows).narrow(1, 0, length - 1);
-        const torch::Tensor logp = response_logprobs(batch.input_ids.narrow(0, first, rows).narrow(1, 0, length),
-                                                     batch.attention_mask.narrow(0, first, rows).narrow(1, 0, length),
-                                                     mask);
+        const torch::Tensor logp =
+            response_logprobs(batch.input_ids.narrow(0, first, rows).narrow(1, 0, length),
+                              batch.attention_mask.narrow(0, first, rows).narrow(1, 0, length), mask);
         dapo::PolicyLossOptions loss_options = options_.loss;
         loss_options.group_size = group_size;
         // Every micro-batch's loss is its share of the mini-batch's loss.
@@ -462,9 +468,9 @@ nlohmann::json Trainer::step() {
             break;
         }
         const auto device = logp.device();
-        const auto out = dapo::policy_loss(logp, batch.old_logp.narrow(0, first, rows).narrow(1, 0, length - 1).to(device),
-                                           batch.advantages.narrow(0, first, rows).to(device), mask.to(device),
-                                           loss_options);
+        const auto out =
+            dapo::policy_loss(logp, batch.old_logp.narrow(0, first, rows).narrow(1, 0, length - 1).to(device),
+                              batch.advantages.narrow(0, first, rows).to(device), mask.to(device), loss_options);
         (out.loss * share).backward();
         const double tokens = mask.sum().item<double>();
         mb_loss += out.loss.item<double>() * share;
@@ -473,8 +479,7 @@ nlohmann::json Trainer::step() {
         kl += out.approx_kl.item<double>() * tokens;
       }
       communicator_->all_reduce_gradients(model_->parameters());  // the sum of the ranks' shares: the mini-batch's
-      const double grad_norm =
-          torch::nn::utils::clip_grad_norm_(model_->parameters(), options_.grad_clip);
+      const double grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), options_.grad_clip);
       const double lr = learning_rate(updates_);
       for (auto& group : optimizer_->param_groups()) {
         static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
@@ -519,8 +524,8 @@ nlohmann::json Trainer::step() {
     }
     return correct / count;
   }();
-  metrics["update_tokens_per_second"] =
-      batch.attention_mask.sum().item<double>() * static_cast<double>(options_.ppo_epochs + 1) / std::max(update_seconds, 1e-9);
+  metrics["update_tokens_per_second"] = batch.attention_mask.sum().item<double>() *
+                                        static_cast<double>(options_.ppo_epochs + 1) / std::max(update_seconds, 1e-9);
   metrics["update_seconds"] = update_seconds;
   metrics["step_seconds"] = seconds_since(started);
   ++step_;

@@ -2,11 +2,11 @@
 // rollouts, and so does a resumed 2-rank run; a killed rank, and a frozen one, make the other stop with an error naming
 // it; the rendezvous variables are checked; rollouts survive their exchange between ranks exactly.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -17,8 +17,8 @@
 #include <sstream>
 #include <thread>
 
-#include "qwen_gsm8k/report.hpp"
 #include "qwen_gsm8k/distributed.hpp"
+#include "qwen_gsm8k/report.hpp"
 #include "qwen_gsm8k/rollout.hpp"
 #include "support/qwen_fixtures.hpp"
 
@@ -76,7 +76,8 @@ int wait_for(pid_t pid, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ::kill(pid, SIGKILL);
@@ -154,7 +155,7 @@ void check_two_ranks_match_one_process(const std::string& dtype, double toleranc
   }
   CHECK(metrics_ranks[0].at("filtered_groups").get<int64_t>() + metrics_ranks[1].at("filtered_groups").get<int64_t>() +
             metrics_ranks[2].at("filtered_groups").get<int64_t>() >
-        0);  // the fixed rollouts exercise dynamic sampling
+        0);                                                         // the fixed rollouts exercise dynamic sampling
   CHECK(metrics_ranks[2].at("clip_fraction").get<double>() > 0.0);  // and the off-policy updates clip
 }
 
@@ -254,8 +255,8 @@ TEST_CASE("rendezvous variables: torchrun's names, checked") {
     return qwen::DistributedConfig::from_environment();
   };
   CHECK(with({}).world_size == 1);
-  const auto config = with({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.2"},
-                            {"MASTER_PORT", "29511"}});
+  const auto config = with(
+      {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.2"}, {"MASTER_PORT", "29511"}});
   CHECK(config.rank == 1);
   CHECK(config.world_size == 4);
   CHECK(config.master_addr == "10.0.0.2");

@@ -56,8 +56,9 @@ std::vector<qwen::Group> fixed_rollouts(const qwen::Tokenizer& tokenizer, const 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (argc < 3 || (mode != "train" && mode != "loop") || (mode == "train" && (argc < 5 || argc > 7))) {
-    std::fprintf(stderr, "usage: distributed_worker train OUT MICRO float32|float64 [STEPS [RESUME]] | "
-                         "distributed_worker loop OUT\n");
+    std::fprintf(stderr,
+                 "usage: distributed_worker train OUT MICRO float32|float64 [STEPS [RESUME]] | "
+                 "distributed_worker loop OUT\n");
     return 2;
   }
   const std::filesystem::path out = argv[2];

@@ -336,6 +336,8 @@ TEST_CASE("write_comparison: one series per run, named by algorithm and seed, re
 
   const auto charts = qwen::comparison_charts({dapo_run, grpo_run, bare});
   REQUIRE(charts.size() == 2);
+  const auto twice = qwen::comparison_charts({grpo_run, grpo_run});
+  CHECK(twice[0].series[1].name == "grpo seed 1 (b)");
   REQUIRE(charts[0].series.size() == 3);
   CHECK(charts[0].series[0].name == "dapo seed 1");
   CHECK(charts[0].series[1].name == "grpo seed 1");
