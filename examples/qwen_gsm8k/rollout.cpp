@@ -41,7 +41,12 @@ std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, 
       const int64_t length = lengths[i].item<int64_t>();
       response.ids.assign(tokens[i].data_ptr<int64_t>(), tokens[i].data_ptr<int64_t>() + length);
       response.truncated = truncated[i].item<bool>();
-      const std::vector<int32_t> ids32(response.ids.begin(), response.ids.end());
+      // The model's vocabulary is padded past the tokenizer's (Qwen2.5: 151936 rows, 151665 tokens); a sampled
+      // padding id has no text, as in Hugging Face's decode, but stays in ids, where the loss sees it.
+      std::vector<int32_t> ids32;
+      for (const int64_t id : response.ids) {
+        if (id < tokenizer.vocab_size()) ids32.push_back(static_cast<int32_t>(id));
+      }
       response.text = tokenizer.decode(ids32, /*skip_special_tokens=*/true);
       auto& group = groups[static_cast<std::size_t>(row / options.group_size)];
       response.score = score_response(response.text, group.problem.reference, length, options.rewards);

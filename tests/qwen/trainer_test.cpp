@@ -212,6 +212,34 @@ TEST_CASE("autocast (mixed precision): bfloat16 forward passes over float32 weig
   CHECK_FALSE(at::autocast::is_cpu_enabled());  // the guard restored the state
 }
 
+TEST_CASE("rollout: ids of the model's padded vocabulary (beyond the tokenizer's) decode to nothing, as in HF") {
+  // Qwen2.5's embedding has 151936 rows for 151665 tokens; a sampled padding id must not stop training.
+  torch::manual_seed(0);
+  nlohmann::json config = qwen::demo_model_config().to_json();
+  config["vocab_size"] = 300;  // the byte tokenizer has 259
+  config["tie_word_embeddings"] = false;
+  qwen::Qwen2ForCausalLM model(qwen::Config::from_json(config, "padded vocabulary"));
+  qwen::initialize_weights(model);
+  {
+    torch::NoGradGuard no_grad;
+    model->lm_head_weight().zero_();  // uniform next-token distribution: 41 of 300 ids are padding
+  }
+  const auto tokenizer = qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+  qwen::RolloutOptions options;
+  options.group_size = 8;
+  options.generation.max_new_tokens = 16;
+  options.generation.sampling.temperature = 1.0;
+  options.system_prompt = "Answer.";
+  const auto problems = qwen::make_demo_problems({.test_count = 2});
+  const auto groups = qwen::rollout(model, tokenizer, {problems.test[0]}, options, /*seed=*/5);
+  int64_t padded = 0;
+  for (const auto& response : groups.at(0).responses) {
+    for (const int64_t id : response.ids) padded += id >= tokenizer.vocab_size();
+    CHECK(response.text.size() <= response.ids.size() * 4);
+  }
+  CHECK(padded > 0);  // the case did occur
+}
+
 TEST_CASE("train options are checked with the option named") {
   auto options = small_options({});
   auto error_of = [](const qwen::TrainOptions& o) {
