@@ -195,18 +195,27 @@ TEST_CASE("2 ranks resumed from a checkpoint of step 2 reach the parameters of a
   CHECK(qwen::read_json_lines(whole / "run" / "metrics.jsonl").size() == 3);
 }
 
-TEST_CASE("a rank killed mid-run makes the other exit non-zero naming it") {
-  dapo::test::ScratchDir scratch;
+namespace {
+
+// Two ranks of the endless training loop, once both have finished a step together.
+std::pair<pid_t, pid_t> start_training_ranks(const std::filesystem::path& dir) {
   const int port = free_port();
-  const pid_t rank0 = start_worker({"loop", scratch.path().string()}, 0, 2, port, scratch.path() / "log0");
-  const pid_t rank1 = start_worker({"loop", scratch.path().string()}, 1, 2, port, scratch.path() / "log1");
-  // Wait until both have finished a step together, then kill rank 1 without warning.
+  const pid_t rank0 = start_worker({"loop", dir.string()}, 0, 2, port, dir / "log0");
+  const pid_t rank1 = start_worker({"loop", dir.string()}, 1, 2, port, dir / "log1");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!std::filesystem::exists(scratch.path() / "rank1-step1") && std::chrono::steady_clock::now() < deadline) {
+  while (!std::filesystem::exists(dir / "rank1-step1") && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  REQUIRE_MESSAGE(std::filesystem::exists(scratch.path() / "rank1-step1"), read_text(scratch.path() / "log1"));
-  ::kill(rank1, SIGKILL);
+  REQUIRE_MESSAGE(std::filesystem::exists(dir / "rank1-step1"), read_text(dir / "log1"));
+  return {rank0, rank1};
+}
+
+}  // namespace
+
+TEST_CASE("a rank killed mid-run makes the other exit non-zero naming it") {
+  dapo::test::ScratchDir scratch;
+  const auto [rank0, rank1] = start_training_ranks(scratch.path());
+  ::kill(rank1, SIGKILL);  // without warning
   ::waitpid(rank1, nullptr, 0);
   const auto killed_at = std::chrono::steady_clock::now();
   const int status = wait_for(rank0, std::chrono::seconds(60));  // the collective timeout is 20 s
@@ -220,14 +229,7 @@ TEST_CASE("a rank killed mid-run makes the other exit non-zero naming it") {
 
 TEST_CASE("a rank that hangs (stopped) makes the other exit at the collective timeout naming it") {
   dapo::test::ScratchDir scratch;
-  const int port = free_port();
-  const pid_t rank0 = start_worker({"loop", scratch.path().string()}, 0, 2, port, scratch.path() / "log0");
-  const pid_t rank1 = start_worker({"loop", scratch.path().string()}, 1, 2, port, scratch.path() / "log1");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!std::filesystem::exists(scratch.path() / "rank1-step1") && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  REQUIRE_MESSAGE(std::filesystem::exists(scratch.path() / "rank1-step1"), read_text(scratch.path() / "log1"));
+  const auto [rank0, rank1] = start_training_ranks(scratch.path());
   ::kill(rank1, SIGSTOP);  // alive but silent: no collective, no heartbeat
   const auto stopped_at = std::chrono::steady_clock::now();
   const int status = wait_for(rank0, std::chrono::seconds(90));  // the worker's collective timeout is 20 s
