@@ -4,7 +4,6 @@
 #include <dapo/logprob.hpp>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -92,11 +91,8 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
     const bool close = result.check_accuracy >= options.sft_target_accuracy - 0.15;
     const int64_t every = close ? std::min<int64_t>(5, options.sft_check_every) : options.sft_check_every;
     if (result.steps >= options.sft_min_steps && result.steps % every == 0) {
-      const double correct =
-          check.empty()
-              ? 0.0
-              : std::round(greedy_accuracy(model, tokenizer, check, rollout_options(train_options, tokenizer)) *
-                           static_cast<double>(check.size()));
+      const auto correct =
+          static_cast<double>(greedy_correct(model, tokenizer, check, rollout_options(train_options, tokenizer)));
       result.check_accuracy =
           communicator.all_reduce_sum({correct})[0] / static_cast<double>(options.sft_check_problems);
       model->train();

@@ -261,22 +261,25 @@ void Communicator::barrier() {
   finish([&] { group_->barrier()->wait(); }, "barrier");
 }
 
+std::optional<int> free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return std::nullopt;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  std::optional<int> port;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
 int launch_local_ranks(int nproc, const std::vector<std::string>& arguments, std::chrono::seconds grace) {
   if (nproc < 1) throw std::invalid_argument("--nproc is " + std::to_string(nproc) + ", expected >= 1");
-  // A free port: bind to port 0, read what the kernel chose, release it for rank 0's store.
-  int port = 29500;
-  {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-      port = ntohs(address.sin_port);
-    }
-    if (fd >= 0) ::close(fd);
-  }
+  const int port = free_loopback_port().value_or(29500);  // for rank 0's store
   std::map<pid_t, int> ranks;
   for (int rank = 0; rank < nproc; ++rank) {
     std::vector<std::string> environment_text;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -97,6 +98,10 @@ class Communicator {
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
 };
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, released), for a rendezvous host
+// that is about to listen on it; nothing when the socket calls fail.
+std::optional<int> free_loopback_port();
 
 // The --nproc launcher: runs this program `nproc` times on this machine as ranks 0..nproc-1 (RANK, WORLD_SIZE,
 // LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) with `arguments` (argv without --nproc), waits for them, and

@@ -118,6 +118,13 @@ int run_train(const std::string& model_dir, const std::string& train_file, const
   return 0;
 }
 
+// --nproc and --dist-timeout, on every subcommand that trains.
+void add_distributed_options(CLI::App& command, int& nproc, double& dist_timeout, const std::string& nproc_help) {
+  command.add_option("--nproc", nproc, nproc_help);
+  command.add_option("--dist-timeout", dist_timeout,
+                     "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
+}
+
 // argv without the launcher's own option (--nproc N or --nproc=N): what each rank runs.
 std::vector<std::string> rank_arguments(int argc, char** argv) {
   std::vector<std::string> arguments;
@@ -172,11 +179,8 @@ int main(int argc, char** argv) {
   demo_command->add_option("--eval-every", demo.eval_every, "Evaluate every K steps");
   demo_command->add_option("--eval-problems", demo.eval_problems, "Held-out problems per evaluation");
   demo_command->add_flag("--quiet", demo.quiet, "No progress lines");
-  for (CLI::App* command : {demo_command}) {
-    command->add_option("--nproc", nproc, "Start this many data-parallel ranks on this machine (Gloo on CPU)");
-    command->add_option("--dist-timeout", dist_timeout,
-                        "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
-  }
+  add_distributed_options(*demo_command, nproc, dist_timeout,
+                          "Start this many data-parallel ranks on this machine (Gloo on CPU)");
 
   // train
   qwen::TrainOptions train;
@@ -216,12 +220,9 @@ int main(int argc, char** argv) {
   train_command->add_flag("--lenient-answers", lenient,
                           "Read answers leniently (-7, 1,080); default: the seed's parser");
   add_train_options(*train_command, train, aggregation);
-  train_command->add_option("--nproc", nproc,
-                            "Start this many data-parallel ranks on this machine (or use torchrun-style RANK, "
-                            "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
-  train_command->add_option(
-      "--dist-timeout", dist_timeout,
-      "Seconds a collective may wait for the other ranks before failing with the lost ranks named");
+  add_distributed_options(*train_command, nproc, dist_timeout,
+                          "Start this many data-parallel ranks on this machine (or use torchrun-style RANK, "
+                          "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
 
   // compare
   std::string compare_output = "compare-output";

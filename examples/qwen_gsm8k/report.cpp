@@ -12,6 +12,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -587,6 +588,7 @@ std::vector<Chart> training_charts(const std::vector<nlohmann::json>& metrics,
 std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& runs) {
   Chart held_out{"Held-out greedy accuracy", "step", "fraction correct", {}};
   Chart sampled{"Sampled training accuracy", "step", "fraction correct", {}};
+  std::set<std::string> names;  // labels used so far
   for (const auto& run : runs) {
     const std::string directory = (run.filename().empty() ? run.parent_path() : run).filename().string();
     std::string name = directory;
@@ -597,11 +599,10 @@ std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& r
         name = summary.at("algorithm").get<std::string>() + " seed " + summary.at("seed").dump();
       }
     }
-    const bool taken = std::any_of(held_out.series.begin(), held_out.series.end(),
-                                   [&](const ChartSeries& series) { return series.name == name; }) ||
-                       std::any_of(sampled.series.begin(), sampled.series.end(),
-                                   [&](const ChartSeries& series) { return series.name == name; });
-    if (taken) name += " (" + directory + ")";
+    if (!names.insert(name).second) {
+      name += " (" + directory + ")";
+      names.insert(name);
+    }
     if (fs::exists(run / "eval.jsonl")) {
       held_out.series.push_back(series_of(read_json_lines(run / "eval.jsonl"), "accuracy", name));
     }

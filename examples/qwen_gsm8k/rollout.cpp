@@ -61,16 +61,16 @@ std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, 
   return groups;
 }
 
-double greedy_accuracy(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                        const RolloutOptions& options) {
-  if (problems.empty()) return 0.0;
+  if (problems.empty()) return 0;
   torch::NoGradGuard no_grad;
   RolloutOptions greedy = options;
   greedy.group_size = 1;
   greedy.generation.sampling = {.temperature = 0.0};
-  double correct = 0;
+  int64_t correct = 0;
   for (const auto& group : rollout(model, tokenizer, problems, greedy, 0)) correct += group.responses[0].score.correct;
-  return correct / static_cast<double>(problems.size());
+  return correct;
 }
 
 namespace {

@@ -42,7 +42,7 @@ struct RolloutOptions {
   GenerationOptions generation;  // max_new_tokens, stop ids, sampling, pad id (the seed is set per call)
   RewardOptions rewards;
   std::string system_prompt = kSeedSystemPrompt;
-  int64_t max_batch_rows = 0;    // sequences per generate() call; 0: all at once
+  int64_t max_batch_rows = 0;  // sequences per generate() call; 0: all at once
 };
 
 struct RolloutStats {
@@ -50,9 +50,10 @@ struct RolloutStats {
   double seconds = 0.0;
 };
 
-// Fraction of `problems` answered correctly by greedy decoding, one response each, with the prompt, budget, stop ids
-// and rewards of `options` (its sampling and group size are replaced).
-double greedy_accuracy(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+// How many of `problems` greedy decoding answers correctly, one response each, with the prompt, budget, stop ids and
+// rewards of `options` (its sampling and group size are replaced). A count, not a fraction, so that data-parallel
+// ranks can sum theirs.
+int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                        const RolloutOptions& options);
 
 // Groups as a flat list of numbers (token ids, bytes of the texts, scores; every value exact in a double) and back:

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <stdexcept>
 
 #include "qwen_gsm8k/autocast.hpp"
@@ -431,8 +432,8 @@ nlohmann::json Trainer::step() {
   const double total_tokens = batch.loss_mask.sum().item<double>();
 
   // This rank's parts of the step's sums; all-reduced after the updates.
-  double clipped = 0, dual_clipped = 0, kl = 0, loss_sum = 0, grad_norm_sum = 0;
-  std::vector<double> clipped_by_minibatch, tokens_by_minibatch;
+  double dual_clipped = 0, kl = 0, loss_sum = 0, grad_norm_sum = 0;
+  std::vector<double> clipped_by_minibatch, tokens_by_minibatch;  // clipped tokens and all tokens, per update
   for (int64_t epoch = 0; epoch < options_.ppo_epochs; ++epoch) {
     for (int64_t mb = 0; mb < minibatches; ++mb) {
       const auto [mb_first, mb_rows] = rows_of(mb * mini_groups, mini_groups);
@@ -488,19 +489,19 @@ nlohmann::json Trainer::step() {
       ++updates_;
       loss_sum += mb_loss;
       grad_norm_sum += grad_norm;
-      clipped += mb_clipped;
       clipped_by_minibatch.push_back(mb_clipped);
       tokens_by_minibatch.push_back(mb_tokens);
       metrics["lr"] = lr;
     }
   }
   {
-    std::vector<double> sums{clipped, dual_clipped, kl, loss_sum, entropy_sum};
+    std::vector<double> sums{dual_clipped, kl, loss_sum, entropy_sum};
     sums.insert(sums.end(), clipped_by_minibatch.begin(), clipped_by_minibatch.end());
     sums = communicator_->all_reduce_sum(sums);
-    clipped = sums[0], dual_clipped = sums[1], kl = sums[2], loss_sum = sums[3], entropy_sum = sums[4];
-    std::copy(sums.begin() + 5, sums.end(), clipped_by_minibatch.begin());
+    dual_clipped = sums[0], kl = sums[1], loss_sum = sums[2], entropy_sum = sums[3];
+    std::copy(sums.begin() + 4, sums.end(), clipped_by_minibatch.begin());
   }
+  const double clipped = std::accumulate(clipped_by_minibatch.begin(), clipped_by_minibatch.end(), 0.0);
   std::vector<double> clip_by_minibatch;
   for (std::size_t i = 0; i < clipped_by_minibatch.size(); ++i) {
     clip_by_minibatch.push_back(tokens_by_minibatch[i] > 0 ? clipped_by_minibatch[i] / tokens_by_minibatch[i] : 0.0);
@@ -545,12 +546,9 @@ EvalResult Trainer::evaluate() {
   // Each rank evaluates its share of the problems; the counts are summed.
   const auto [begin, end] = communicator_->shard(static_cast<int64_t>(count));
   const std::vector<Problem> problems(test_.begin() + begin, test_.begin() + end);
-  double correct = 0, passed = 0;
   const AutocastGuard autocast(model_->lm_head_weight().device(), options_.autocast);
-  if (!problems.empty()) {
-    correct = std::round(greedy_accuracy(model_, tokenizer_, problems, rollout_options_) *
-                         static_cast<double>(problems.size()));
-  }
+  const auto correct = static_cast<double>(greedy_correct(model_, tokenizer_, problems, rollout_options_));
+  double passed = 0;
   if (options_.eval_pass_k > 0 && !problems.empty()) {
     RolloutOptions sampled = rollout_options_;
     sampled.group_size = options_.eval_pass_k;

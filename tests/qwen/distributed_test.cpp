@@ -2,10 +2,8 @@
 // rollouts, and so does a resumed 2-rank run; a killed rank, and a frozen one, make the other stop with an error naming
 // it; the rendezvous variables are checked; rollouts survive their exchange between ranks exactly.
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,15 +25,9 @@ extern char** environ;
 namespace {
 
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
-  ::close(fd);
-  return ntohs(address.sin_port);
+  const auto port = qwen::free_loopback_port();
+  REQUIRE(port.has_value());
+  return *port;
 }
 
 // Starts the worker as `rank` of `world` (world 0: no rendezvous variables), its stderr into `log`.
