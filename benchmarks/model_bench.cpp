@@ -14,9 +14,9 @@
 #include <fstream>
 #include <string>
 
-#include "qwen_gsm8k/generation.hpp"
-#include "qwen_gsm8k/runtime.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 #include "support/harness.hpp"
 
 namespace {

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "qwen_gsm8k/demo.hpp"
-#include "qwen_gsm8k/demo_problems.hpp"
-#include "qwen_gsm8k/runtime.hpp"
-#include "qwen_gsm8k/trainer.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/train/trainer.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 #include "support/harness.hpp"
 
 namespace {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "qwen_gsm8k/tokenizer.hpp"
+#include "qwen_gsm8k/text/tokenizer.hpp"
 
 namespace {
 

@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
-#include "qwen_gsm8k/demo.hpp"
-#include "qwen_gsm8k/report.hpp"
-#include "qwen_gsm8k/runtime.hpp"
-#include "qwen_gsm8k/tokenize_command.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/report/report.hpp"
+#include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/text/tokenize_command.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 
 namespace {
 

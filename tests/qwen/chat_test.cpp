@@ -1,12 +1,12 @@
 // qwen::render_chat: the 22 golden conversations (text and token ids), hand cases of the template's branches, and the
 // rejection of what the template cannot render.
-#include "qwen_gsm8k/chat.hpp"
+#include "qwen_gsm8k/text/chat.hpp"
 
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "qwen_gsm8k/tokenizer.hpp"
+#include "qwen_gsm8k/text/tokenizer.hpp"
 #include "support/shared.hpp"
 
 namespace {

@@ -10,8 +10,8 @@
 #include <chrono>
 #include <thread>
 
-#include "qwen_gsm8k/checkpoint.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/train/checkpoint.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 
 extern char** environ;

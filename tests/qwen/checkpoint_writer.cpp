@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
-#include "qwen_gsm8k/checkpoint.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/train/checkpoint.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

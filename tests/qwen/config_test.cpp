@@ -1,5 +1,5 @@
 // config.json: the fixtures parse; unsupported architectures and broken files are refused with the file named.
-#include "qwen_gsm8k/config.hpp"
+#include "qwen_gsm8k/model/config.hpp"
 #include "support/qwen_fixtures.hpp"
 
 TEST_CASE("config.json of the tiny fixtures parses, and writes back what it read") {

@@ -1,6 +1,6 @@
 // qwen::load_problems: GSM8K's own files, malformed lines named by file and line (or skipped and counted), numeric
 // answer fields; qwen::ProblemSampler: one permutation per epoch, the same for a sampler restored from its state.
-#include "qwen_gsm8k/data.hpp"
+#include "qwen_gsm8k/data/data.hpp"
 
 #include <algorithm>
 #include <array>

@@ -1,6 +1,6 @@
 // qwen::make_demo_problems and qwen::demo_solution: the test set is new by surface form but not by arithmetic, the
 // answers are right, the worked solution earns the seed's format and correctness rewards, and a seed fixes the sample.
-#include "qwen_gsm8k/demo_problems.hpp"
+#include "qwen_gsm8k/demo/demo_problems.hpp"
 
 #include <doctest/doctest.h>
 #include <dapo/rewards/gsm8k.hpp>

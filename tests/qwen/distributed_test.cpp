@@ -15,9 +15,9 @@
 #include <sstream>
 #include <thread>
 
-#include "qwen_gsm8k/distributed.hpp"
-#include "qwen_gsm8k/report.hpp"
-#include "qwen_gsm8k/rollout.hpp"
+#include "qwen_gsm8k/dist/distributed.hpp"
+#include "qwen_gsm8k/report/report.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
 #include "support/qwen_fixtures.hpp"
 
 extern char** environ;

@@ -12,12 +12,12 @@
 #include <functional>
 #include <string>
 
-#include "qwen_gsm8k/demo.hpp"
-#include "qwen_gsm8k/demo_problems.hpp"
-#include "qwen_gsm8k/distributed.hpp"
-#include "qwen_gsm8k/rollout.hpp"
-#include "qwen_gsm8k/trainer.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/dist/distributed.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
+#include "qwen_gsm8k/train/trainer.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 
 namespace {
 

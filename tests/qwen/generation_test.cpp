@@ -1,8 +1,8 @@
 // Sampling with Hugging Face's processor semantics, and generation: seeds, stops, truncation, returned log-probs.
 #include <torch/torch.h>
 
-#include "qwen_gsm8k/generation.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 
 TEST_CASE("processors: repetition penalty divides positive and multiplies negative scores of seen tokens") {

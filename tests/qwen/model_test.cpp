@@ -2,8 +2,8 @@
 // relative), greedy continuations with and without the KV cache, batched (left-padded) and one by one.
 #include <torch/torch.h>
 
-#include "qwen_gsm8k/generation.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 #include "support/tensors.hpp"
 

@@ -1,7 +1,7 @@
 // qwen::render_svg, training_charts, write_report and read_json_lines: every SVG is checked by a real renderer
 // (rsvg-convert, skipped with a message when it is not installed), escaping, skipped non-finite values, edge cases
 // (no data, one step, constant values, extreme ranges) and the errors that name the file and line.
-#include "qwen_gsm8k/report.hpp"
+#include "qwen_gsm8k/report/report.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>

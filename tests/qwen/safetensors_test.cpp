@@ -3,8 +3,8 @@
 
 #include <fstream>
 
-#include "qwen_gsm8k/safetensors.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/model/safetensors.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 
 namespace {

@@ -1,12 +1,12 @@
 // qwen::run_tokenize: strings and conversations in, id arrays out; blank lines skipped; a malformed line named on
 // the error stream with a non-zero status; a tokenizer directory that cannot be loaded.
-#include "qwen_gsm8k/tokenize_command.hpp"
+#include "qwen_gsm8k/text/tokenize_command.hpp"
 
 #include <filesystem>
 #include <sstream>
 #include <string>
 
-#include "qwen_gsm8k/chat.hpp"
+#include "qwen_gsm8k/text/chat.hpp"
 #include "support/shared.hpp"
 
 namespace {

@@ -1,6 +1,6 @@
 // qwen::Tokenizer: all golden encodings of the Qwen2.5 tokenizer (ids and both decodings), hand cases, the in-memory
 // byte-level tokenizer, and the error messages for malformed tokenizer files. Needs no LibTorch.
-#include "qwen_gsm8k/tokenizer.hpp"
+#include "qwen_gsm8k/text/tokenizer.hpp"
 
 #include <filesystem>
 #include <fstream>

@@ -7,12 +7,12 @@
 #include <cmath>
 #include <optional>
 
-#include "qwen_gsm8k/checkpoint.hpp"
-#include "qwen_gsm8k/demo.hpp"
-#include "qwen_gsm8k/demo_problems.hpp"
-#include "qwen_gsm8k/report.hpp"
-#include "qwen_gsm8k/trainer.hpp"
-#include "qwen_gsm8k/weights.hpp"
+#include "qwen_gsm8k/train/checkpoint.hpp"
+#include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/report/report.hpp"
+#include "qwen_gsm8k/train/trainer.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 
 namespace {

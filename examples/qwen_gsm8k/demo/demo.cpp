@@ -1,0 +1,245 @@
+// The built-in demo: tiny model, byte tokenizer, generated problems, warm start, then DAPO (or GRPO).
+#include "qwen_gsm8k/demo/demo.hpp"
+
+#include <dapo/logprob.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
+
+namespace qwen {
+namespace {
+
+// Short, so the byte-level prompt stays short; the same format the seed's system prompt asks for.
+constexpr const char* kDemoSystemPrompt = "Answer with <think> then <answer>.";
+
+Tokenizer demo_tokenizer() {
+  return Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+}
+
+struct WarmStart {
+  int64_t steps = 0;
+  double check_accuracy = 0.0;  // on the training-form check problems, at the end
+};
+
+// Supervised warm start: teacher forcing on prompt + worked solution + <|im_end|>, mean NLL over the answer tokens,
+// until the check accuracy is reached (see DemoOptions). Data parallel like the trainer: each rank takes its share
+// of every batch and of the check problems; the loss is each rank's part of the mean over the batch's answer tokens.
+WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& train,
+                     const DemoOptions& options, const TrainOptions& train_options, Communicator& communicator) {
+  const std::string& system_prompt = train_options.system_prompt;
+  std::vector<Problem> check;
+  ProblemSampler check_sampler(train.size(), options.seed ^ 0xC4ECull);
+  {
+    const auto indices = check_sampler.next(static_cast<std::size_t>(options.sft_check_problems));
+    const auto [begin, end] = communicator.shard(static_cast<int64_t>(indices.size()));
+    for (int64_t i = begin; i < end; ++i) check.push_back(train[indices[static_cast<std::size_t>(i)]]);
+  }
+  WarmStart result;
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.sft_lr).weight_decay(0.0));
+  ProblemSampler sampler(train.size(), options.seed ^ 0x5F7ull);
+  const int64_t end_id = *tokenizer.token_to_id("<|im_end|>"), pad_id = *tokenizer.pad_token_id();
+  model->train();
+  for (int64_t step = 0; step < options.sft_steps; ++step) {
+    std::vector<std::vector<int64_t>> sequences;
+    std::vector<int64_t> prompt_lengths;
+    int64_t longest = 0;
+    const auto indices = sampler.next(static_cast<std::size_t>(options.sft_batch));
+    const auto [begin, end] = communicator.shard(static_cast<int64_t>(indices.size()));
+    for (int64_t i = begin; i < end; ++i) {
+      const auto index = indices[static_cast<std::size_t>(i)];
+      std::vector<int64_t> sequence = prompt_ids(tokenizer, system_prompt, train[index].question);
+      prompt_lengths.push_back(static_cast<int64_t>(sequence.size()));
+      for (const int32_t id : tokenizer.encode(demo_solution(train[index]))) sequence.push_back(id);
+      sequence.push_back(end_id);
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(sequence.size()));
+      sequences.push_back(std::move(sequence));
+    }
+    const auto rows = static_cast<int64_t>(sequences.size());
+    torch::Tensor ids = torch::full({rows, longest}, pad_id, torch::kInt64);
+    torch::Tensor mask = torch::zeros({rows, longest}, torch::kInt64);
+    torch::Tensor targets_mask = torch::zeros({rows, longest - 1}, torch::kBool);
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto& sequence = sequences[static_cast<std::size_t>(r)];
+      const auto length = static_cast<int64_t>(sequence.size());
+      ids[r].narrow(0, 0, length).copy_(torch::tensor(sequence, torch::kInt64));
+      mask[r].narrow(0, 0, length).fill_(1);
+      const int64_t prompt = prompt_lengths[static_cast<std::size_t>(r)];
+      targets_mask[r].narrow(0, prompt - 1, length - prompt).fill_(true);
+    }
+    const torch::Tensor hidden = model->hidden_states(ids, mask, position_ids_from_mask(mask));
+    const torch::Tensor selected = hidden.narrow(1, 0, longest - 1).index({targets_mask});
+    const torch::Tensor targets = ids.narrow(1, 1, longest - 1).index({targets_mask});
+    const torch::Tensor logp = dapo::linear_logprobs(selected, model->lm_head_weight(), targets).logp;
+    torch::Tensor loss;
+    if (communicator.world_size() == 1) {
+      loss = -logp.mean();
+    } else {
+      const double tokens = communicator.all_reduce_sum({static_cast<double>(logp.numel())})[0];
+      loss = -logp.sum() / tokens;
+    }
+    optimizer.zero_grad();
+    loss.backward();
+    communicator.all_reduce_gradients(model->parameters());
+    torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    optimizer.step();
+    result.steps = step + 1;
+    const bool close = result.check_accuracy >= options.sft_target_accuracy - 0.15;
+    const int64_t every = close ? std::min<int64_t>(5, options.sft_check_every) : options.sft_check_every;
+    if (result.steps >= options.sft_min_steps && result.steps % every == 0) {
+      const auto correct =
+          static_cast<double>(greedy_correct(model, tokenizer, check, rollout_options(train_options, tokenizer)));
+      result.check_accuracy =
+          communicator.all_reduce_sum({correct})[0] / static_cast<double>(options.sft_check_problems);
+      model->train();
+      if (!options.quiet && communicator.is_root()) {
+        std::printf("warm start %lld | nll %.4f | greedy accuracy on %lld training problems %.3f\n",
+                    static_cast<long long>(result.steps), -logp.mean().item<double>(),  // rank 0's share
+                    static_cast<long long>(options.sft_check_problems), result.check_accuracy);
+        std::fflush(stdout);
+      }
+      if (result.check_accuracy >= options.sft_target_accuracy) break;
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+Config demo_model_config() {
+  return Config::from_json({{"model_type", "qwen2"},
+                            {"vocab_size", 259},
+                            {"hidden_size", 64},
+                            {"intermediate_size", 192},
+                            {"num_hidden_layers", 3},
+                            {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},
+                            {"max_position_embeddings", 512},
+                            {"rms_norm_eps", 1e-6},
+                            {"rope_theta", 10000.0},
+                            {"tie_word_embeddings", true},
+                            {"bos_token_id", 257},
+                            {"eos_token_id", 258},
+                            {"pad_token_id", 256}},
+                           "the built-in demo model");
+}
+
+TrainOptions demo_train_options(const DemoOptions& options) {
+  TrainOptions train;
+  train.total_steps = options.rl_steps;
+  train.train_batch_size = options.rl_groups;
+  train.gen_batch_size = options.rl_groups;
+  train.rollout_n = options.rollout_n;
+  train.ppo_mini_batch_size = options.rl_mini_groups;  // several updates per step: all but the first are off-policy
+  train.ppo_epochs = options.ppo_epochs;
+  train.cosine_schedule = options.cosine_schedule;
+  train.max_num_gen_batches = 8;
+  train.max_new_tokens = 64;
+  train.rewards.overlong_cache = 8;  // answers are ~50 tokens; shaping starts at 56
+  train.sampling.temperature = 1.0;
+  train.system_prompt = kDemoSystemPrompt;
+  train.lr = options.rl_lr;  // a 165K-parameter model, not an LLM
+  train.weight_decay = 0.0;
+  train.warmup_steps = 0;
+  train.eval_every = options.eval_every;
+  train.eval_problems = options.eval_problems;
+  train.save_every = 0;
+  train.seed = options.seed;
+  train.output_dir = options.output_dir;
+  train.quiet = options.quiet;
+  if (options.algorithm == Algorithm::kGrpo) train.use_grpo_baseline();
+  return train;
+}
+
+nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator> communicator) {
+  const auto started = std::chrono::steady_clock::now();
+  if (communicator == nullptr) communicator = Communicator::create({}, torch::kCPU);
+  const bool root = communicator->is_root();
+  if (options.sft_batch < communicator->world_size() || options.sft_check_problems < communicator->world_size()) {
+    throw std::invalid_argument("demo: sft batch and check problems must be at least the number of ranks");
+  }
+  if (root) {
+    std::filesystem::create_directories(options.output_dir);
+    for (const char* stale : {"metrics.jsonl", "eval.jsonl"}) std::filesystem::remove(options.output_dir / stale);
+  }
+  torch::manual_seed(static_cast<int64_t>(options.seed));
+  const DemoProblems problems =
+      make_demo_problems({.test_count = static_cast<std::size_t>(options.eval_problems), .seed = options.seed});
+  const Tokenizer tokenizer = demo_tokenizer();
+  Qwen2ForCausalLM model(demo_model_config());
+  initialize_weights(model);
+
+  TrainOptions train_options = demo_train_options(options);
+  if (!root) train_options.quiet = true;
+  if (!options.quiet && root) {
+    std::printf(
+        "qwen_gsm8k demo: %s on generated arithmetic word problems (%zu train, %zu held out), tiny Qwen2 "
+        "(%lld parameters), byte-level tokenizer%s\n",
+        options.algorithm == Algorithm::kDapo ? "DAPO" : "GRPO", problems.train.size(), problems.test.size(),
+        static_cast<long long>([&] {
+          int64_t count = 0;
+          for (const auto& p : model->parameters()) count += p.numel();
+          return count;
+        }()),
+        communicator->world_size() > 1
+            ? (", " + std::to_string(communicator->world_size()) + " data-parallel ranks").c_str()
+            : "");
+    std::fflush(stdout);
+  }
+  const WarmStart warm = warm_start(model, tokenizer, problems.train, options, train_options, *communicator);
+  const double warm_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+
+  Trainer trainer(model, tokenizer, problems.train, problems.test, train_options, communicator);
+  trainer.run();  // evaluates first (the warm-started model), then trains, evaluating every eval_every steps
+
+  const auto& evals = trainer.evals();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  nlohmann::json summary{{"algorithm", options.algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
+                         {"seed", options.seed},
+                         {"ranks", communicator->world_size()},
+                         {"sft_accuracy", evals.front().at("accuracy")},
+                         {"final_accuracy", evals.back().at("accuracy")},
+                         {"best_accuracy", 0.0},
+                         {"eval_problems", problems.test.size()},
+                         {"warm_start_seconds", warm_seconds},
+                         {"warm_start_steps", warm.steps},
+                         {"warm_start_check_accuracy", warm.check_accuracy},
+                         {"wall_seconds", wall},
+                         {"evals", evals},
+                         {"settings",
+                          {{"sft_max_steps", options.sft_steps},
+                           {"sft_min_steps", options.sft_min_steps},
+                           {"sft_target_accuracy", options.sft_target_accuracy},
+                           {"sft_batch", options.sft_batch},
+                           {"sft_lr", options.sft_lr},
+                           {"rl_steps", options.rl_steps},
+                           {"rl_lr", options.rl_lr},
+                           {"rl_groups", options.rl_groups},
+                           {"rl_mini_groups", options.rl_mini_groups},
+                           {"rollout_n", options.rollout_n},
+                           {"ppo_epochs", options.ppo_epochs},
+                           {"cosine_schedule", options.cosine_schedule},
+                           {"model", demo_model_config().to_json()},
+                           {"train", train_options.to_json()}}}};
+  for (const auto& eval : evals)
+    summary["best_accuracy"] = std::max(summary["best_accuracy"].get<double>(), eval.at("accuracy").get<double>());
+  if (!root) return summary;
+  write_file_atomically(options.output_dir / "summary.json", summary.dump(2) + "\n");
+  if (!options.quiet) {
+    std::printf("\n%-28s %10s\n", "greedy accuracy (held out)", "value");
+    std::printf("%-28s %10.3f\n", "after warm start", summary["sft_accuracy"].get<double>());
+    std::printf("%-28s %10.3f\n", options.algorithm == Algorithm::kDapo ? "after DAPO" : "after GRPO",
+                summary["final_accuracy"].get<double>());
+    std::printf("%-28s %+10.3f\n", "change",
+                summary["final_accuracy"].get<double>() - summary["sft_accuracy"].get<double>());
+    std::printf("%-28s %9.0fs\n", "wall time", wall);
+    std::printf("report: %s\n", (options.output_dir / "report.html").string().c_str());
+  }
+  return summary;
+}
+
+}  // namespace qwen

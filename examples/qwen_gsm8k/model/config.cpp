@@ -1,0 +1,160 @@
+// Reading config.json: every field this implementation uses, checked, with the file named in every error.
+#include "qwen_gsm8k/model/config.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace qwen {
+namespace {
+
+[[noreturn]] void fail(const std::string& source, const std::string& message) {
+  throw std::invalid_argument(source + ": " + message);
+}
+
+int64_t required_int(const nlohmann::json& json, const char* key, const std::string& source) {
+  if (!json.contains(key)) fail(source, std::string("missing field \"") + key + "\"");
+  if (!json.at(key).is_number_integer()) {
+    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected an integer");
+  }
+  return json.at(key).get<int64_t>();
+}
+
+double number_or(const nlohmann::json& json, const char* key, double fallback, const std::string& source) {
+  if (!json.contains(key) || json.at(key).is_null()) return fallback;
+  if (!json.at(key).is_number()) {
+    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected a number");
+  }
+  return json.at(key).get<double>();
+}
+
+std::optional<int64_t> optional_id(const nlohmann::json& json, const char* key) {
+  if (!json.contains(key) || !json.at(key).is_number_integer()) return std::nullopt;
+  return json.at(key).get<int64_t>();
+}
+
+}  // namespace
+
+Config Config::from_json(const nlohmann::json& json, const std::string& source) {
+  if (!json.is_object()) fail(source, "expected a JSON object");
+  const std::string model_type = json.value("model_type", "");
+  if (model_type != "qwen2") {
+    fail(source, "model_type is \"" + model_type + "\", expected \"qwen2\" (this driver implements Qwen2 / Qwen2.5)");
+  }
+  const std::string activation = json.value("hidden_act", "silu");
+  if (activation != "silu") fail(source, "hidden_act is \"" + activation + "\", only \"silu\" is supported");
+  if (json.value("use_sliding_window", false)) {
+    fail(source, "use_sliding_window is true; sliding-window attention is not supported");
+  }
+  if (json.contains("rope_scaling") && !json.at("rope_scaling").is_null()) {
+    fail(source, "rope_scaling is " + json.at("rope_scaling").dump() + "; only plain RoPE is supported");
+  }
+  Config config;
+  config.vocab_size = required_int(json, "vocab_size", source);
+  config.hidden_size = required_int(json, "hidden_size", source);
+  config.intermediate_size = required_int(json, "intermediate_size", source);
+  config.num_hidden_layers = required_int(json, "num_hidden_layers", source);
+  config.num_attention_heads = required_int(json, "num_attention_heads", source);
+  config.num_key_value_heads =
+      json.contains("num_key_value_heads") ? required_int(json, "num_key_value_heads", source) : config.num_attention_heads;
+  config.max_position_embeddings =
+      json.contains("max_position_embeddings") ? required_int(json, "max_position_embeddings", source) : 32768;
+  config.rms_norm_eps = number_or(json, "rms_norm_eps", 1e-6, source);
+  config.rope_theta = number_or(json, "rope_theta", 10000.0, source);
+  config.tie_word_embeddings = json.value("tie_word_embeddings", false);
+  config.bos_token_id = optional_id(json, "bos_token_id");
+  config.pad_token_id = optional_id(json, "pad_token_id");
+  if (json.contains("eos_token_id")) {
+    const auto& eos = json.at("eos_token_id");
+    if (eos.is_number_integer()) {
+      config.eos_token_ids.push_back(eos.get<int64_t>());
+    } else if (eos.is_array()) {
+      for (const auto& id : eos) {
+        if (!id.is_number_integer()) fail(source, "eos_token_id holds " + id.dump() + ", expected integers");
+        config.eos_token_ids.push_back(id.get<int64_t>());
+      }
+    } else if (!eos.is_null()) {
+      fail(source, "eos_token_id is " + eos.dump() + ", expected an integer or a list of integers");
+    }
+  }
+  config.torch_dtype = json.value("torch_dtype", "float32");
+  config.validate(source);
+  return config;
+}
+
+void Config::validate(const std::string& source) const {
+  auto positive = [&](int64_t value, const char* name) {
+    if (value <= 0) fail(source, std::string(name) + " is " + std::to_string(value) + ", expected > 0");
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(max_position_embeddings, "max_position_embeddings");
+  if (hidden_size % num_attention_heads != 0) {
+    fail(source, "hidden_size " + std::to_string(hidden_size) + " is not a multiple of num_attention_heads " +
+                     std::to_string(num_attention_heads));
+  }
+  if (head_dim() % 2 != 0) fail(source, "the head dimension " + std::to_string(head_dim()) + " is odd; RoPE needs pairs");
+  if (num_attention_heads % num_key_value_heads != 0) {
+    fail(source, "num_attention_heads " + std::to_string(num_attention_heads) +
+                     " is not a multiple of num_key_value_heads " + std::to_string(num_key_value_heads));
+  }
+  if (!(rms_norm_eps > 0.0)) fail(source, "rms_norm_eps must be > 0");
+  if (!(rope_theta > 0.0)) fail(source, "rope_theta must be > 0");
+}
+
+Config Config::from_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw std::runtime_error(path.string() + ": cannot open the model config (expected a Hugging Face config.json)");
+  }
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail(path.string(), std::string("invalid JSON at byte ") + std::to_string(error.byte) + ": " + error.what());
+  }
+  return from_json(json, path.string());
+}
+
+nlohmann::json Config::to_json() const {
+  nlohmann::json json{{"architectures", {"Qwen2ForCausalLM"}},
+                      {"model_type", "qwen2"},
+                      {"hidden_act", "silu"},
+                      {"vocab_size", vocab_size},
+                      {"hidden_size", hidden_size},
+                      {"intermediate_size", intermediate_size},
+                      {"num_hidden_layers", num_hidden_layers},
+                      {"num_attention_heads", num_attention_heads},
+                      {"num_key_value_heads", num_key_value_heads},
+                      {"max_position_embeddings", max_position_embeddings},
+                      {"rms_norm_eps", rms_norm_eps},
+                      {"rope_theta", rope_theta},
+                      {"tie_word_embeddings", tie_word_embeddings},
+                      {"torch_dtype", torch_dtype},
+                      {"use_sliding_window", false},
+                      {"sliding_window", nullptr},
+                      {"attention_dropout", 0.0}};
+  if (bos_token_id) json["bos_token_id"] = *bos_token_id;
+  if (pad_token_id) json["pad_token_id"] = *pad_token_id;
+  if (eos_token_ids.size() == 1) json["eos_token_id"] = eos_token_ids.front();
+  if (eos_token_ids.size() > 1) json["eos_token_id"] = eos_token_ids;
+  return json;
+}
+
+void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error(temporary.string() + ": cannot open for writing (is the directory writable?)");
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error(temporary.string() + ": write failed (disk full?)");
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+}  // namespace qwen

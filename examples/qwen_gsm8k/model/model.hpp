@@ -1,0 +1,114 @@
+// Qwen2 / Qwen2.5 decoder-only transformer in LibTorch, module for module as Hugging Face's modeling_qwen2, with the
+// same child names, so named_parameters() are the checkpoint's tensor names ("model.layers.0.self_attn.q_proj.weight").
+// RMSNorm and the attention softmax run in float32 whatever the weights' dtype; RoPE is rotate-half; K/V heads are
+// shared by groups of query heads (GQA). Not a training framework: the loss lives in dapo, the loop in the trainer.
+//
+// Shapes: B = batch, T = new positions, S = all positions (cache + new), H = hidden, N = query heads,
+// KV = key/value heads, D = head dimension, V = vocabulary.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "qwen_gsm8k/model/config.hpp"
+#include "qwen_gsm8k/model/kv_cache.hpp"
+
+namespace qwen {
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);  // [..., H] -> [..., H], normalised in float32
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class RotaryEmbedding {
+ public:
+  RotaryEmbedding(int64_t head_dim, double theta);
+  // cos, sin [B, T, D] for position_ids [B, T], in float32.
+  std::pair<torch::Tensor, torch::Tensor> operator()(const torch::Tensor& position_ids) const;
+
+ private:
+  torch::Tensor inverse_frequency_;  // [D / 2]
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const Config& config);
+  // hidden [B, T, H]; cos, sin [B, T, D]; additive mask [B, 1, T, S] in float32; cache may be null.
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask, KVCache* cache, int64_t layer);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const Config& config);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const Config& config);
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask, KVCache* cache, int64_t layer);
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// Positions from an attention mask, as Hugging Face generation does for left-padded batches: cumsum(mask) - 1, with 1
+// at padded slots. attention_mask [B, S] (0/1) -> [B, S] int64.
+torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask);
+
+class Qwen2ModelImpl : public torch::nn::Module {
+ public:
+  explicit Qwen2ModelImpl(const Config& config);
+  // input_ids [B, T]; attention_mask [B, S] over cache + new positions (1 = real token); position_ids [B, T].
+  // Returns the final-normed hidden states [B, T, H].
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                        const torch::Tensor& position_ids, KVCache* cache = nullptr);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+
+ private:
+  Config config_;
+  RotaryEmbedding rotary_;
+};
+TORCH_MODULE(Qwen2Model);
+
+class Qwen2ForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit Qwen2ForCausalLMImpl(const Config& config);
+  // Logits [B, T, V] in the weights' dtype; arguments as Qwen2Model::forward.
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                        const torch::Tensor& position_ids, KVCache* cache = nullptr);
+  // The last hidden states [B, T, H] (for chunked log-probs: dapo::linear_logprobs with lm_head_weight()).
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                              const torch::Tensor& position_ids, KVCache* cache = nullptr);
+  // [V, H]: lm_head.weight, or the embedding matrix when the embeddings are tied.
+  torch::Tensor lm_head_weight() const;
+  const Config& config() const { return config_; }
+
+  Qwen2Model model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  Config config_;
+};
+TORCH_MODULE(Qwen2ForCausalLM);
+
+}  // namespace qwen

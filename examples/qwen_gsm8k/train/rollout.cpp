@@ -1,0 +1,194 @@
+// Sampling and scoring groups of responses.
+#include "qwen_gsm8k/train/rollout.hpp"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "qwen_gsm8k/text/chat.hpp"
+
+namespace qwen {
+
+std::vector<int64_t> prompt_ids(const Tokenizer& tokenizer, const std::string& system_prompt,
+                                const std::string& question) {
+  const std::string text = render_chat({{"system", system_prompt}, {"user", question}}, /*add_generation_prompt=*/true);
+  const std::vector<int32_t> ids = tokenizer.encode(text);
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                           const RolloutOptions& options, uint64_t seed, RolloutStats* stats) {
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<Group> groups(problems.size());
+  std::vector<std::vector<int64_t>> prompts;
+  for (std::size_t g = 0; g < problems.size(); ++g) {
+    groups[g].problem = problems[g];
+    groups[g].prompt = prompt_ids(tokenizer, options.system_prompt, problems[g].question);
+    for (int64_t i = 0; i < options.group_size; ++i) prompts.push_back(groups[g].prompt);
+  }
+  const auto rows = static_cast<int64_t>(prompts.size());
+  const int64_t chunk = options.max_batch_rows > 0 ? options.max_batch_rows : rows;
+  int64_t generated = 0;
+  for (int64_t start = 0; start < rows; start += chunk) {
+    const int64_t count = std::min(chunk, rows - start);
+    GenerationOptions generation = options.generation;
+    generation.seed = seed + static_cast<uint64_t>(start);  // each chunk its own stream, fixed by the seed
+    const std::vector<std::vector<int64_t>> batch(prompts.begin() + start, prompts.begin() + start + count);
+    const GenerationOutput out = generate(model, batch, generation);
+    const torch::Tensor tokens = out.tokens.cpu(), lengths = out.lengths.cpu(), truncated = out.truncated.cpu();
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = start + i;
+      Response response;
+      const int64_t length = lengths[i].item<int64_t>();
+      response.ids.assign(tokens[i].data_ptr<int64_t>(), tokens[i].data_ptr<int64_t>() + length);
+      response.truncated = truncated[i].item<bool>();
+      // The model's vocabulary is padded past the tokenizer's (Qwen2.5: 151936 rows, 151665 tokens); a sampled
+      // padding id has no text, as in Hugging Face's decode, but stays in ids, where the loss sees it.
+      std::vector<int32_t> ids32;
+      for (const int64_t id : response.ids) {
+        if (id < tokenizer.vocab_size()) ids32.push_back(static_cast<int32_t>(id));
+      }
+      response.text = tokenizer.decode(ids32, /*skip_special_tokens=*/true);
+      auto& group = groups[static_cast<std::size_t>(row / options.group_size)];
+      response.score = score_response(response.text, group.problem.reference, length, options.rewards);
+      generated += length;
+      group.responses.push_back(std::move(response));
+    }
+  }
+  if (stats != nullptr) {
+    stats->generated_tokens += generated;
+    stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
+  return groups;
+}
+
+int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                       const RolloutOptions& options) {
+  if (problems.empty()) return 0;
+  torch::NoGradGuard no_grad;
+  RolloutOptions greedy = options;
+  greedy.group_size = 1;
+  greedy.generation.sampling = {.temperature = 0.0};
+  int64_t correct = 0;
+  for (const auto& group : rollout(model, tokenizer, problems, greedy, 0)) correct += group.responses[0].score.correct;
+  return correct;
+}
+
+namespace {
+
+class Writer {
+ public:
+  void number(double value) { out_.push_back(value); }
+  void text(const std::string& value) {
+    number(static_cast<double>(value.size()));
+    for (const char c : value) number(static_cast<double>(static_cast<unsigned char>(c)));
+  }
+  void ids(const std::vector<int64_t>& value) {
+    number(static_cast<double>(value.size()));
+    for (const int64_t id : value) number(static_cast<double>(id));
+  }
+  std::vector<double> take() { return std::move(out_); }
+
+ private:
+  std::vector<double> out_;
+};
+
+class Reader {
+ public:
+  Reader(const double* values, std::size_t count) : values_(values), count_(count) {}
+  double number() {
+    if (position_ >= count_)
+      throw std::runtime_error("decode_groups: the encoded groups end early (truncated message)");
+    return values_[position_++];
+  }
+  int64_t integer() { return static_cast<int64_t>(number()); }
+  std::size_t size() {
+    const int64_t value = integer();
+    if (value < 0 || static_cast<std::size_t>(value) > count_ - position_) {
+      throw std::runtime_error("decode_groups: a length of " + std::to_string(value) + " at value " +
+                               std::to_string(position_) + " exceeds the message");
+    }
+    return static_cast<std::size_t>(value);
+  }
+  std::string text() {
+    std::string value(size(), '\0');
+    for (auto& c : value) c = static_cast<char>(static_cast<unsigned char>(integer()));
+    return value;
+  }
+  std::vector<int64_t> ids() {
+    std::vector<int64_t> value(size());
+    for (auto& id : value) id = integer();
+    return value;
+  }
+  bool done() const { return position_ == count_; }
+
+ private:
+  const double* values_;
+  std::size_t count_, position_ = 0;
+};
+
+}  // namespace
+
+std::vector<double> encode_groups(const std::vector<Group>& groups) {
+  Writer out;
+  out.number(static_cast<double>(groups.size()));
+  for (const auto& group : groups) {
+    out.text(group.problem.question);
+    out.text(group.problem.reference);
+    out.number(group.problem.arithmetic.has_value());
+    if (const auto& arithmetic = group.problem.arithmetic) {
+      out.number(static_cast<double>(arithmetic->left));
+      out.number(arithmetic->operation == Arithmetic::Operation::kAdd ? 0 : 1);
+      out.number(static_cast<double>(arithmetic->right));
+    }
+    out.ids(group.prompt);
+    out.number(static_cast<double>(group.responses.size()));
+    for (const auto& response : group.responses) {
+      out.ids(response.ids);
+      out.text(response.text);
+      out.number(response.truncated);
+      const ResponseScore& score = response.score;
+      for (const double value : {score.parts.correctness, score.parts.digit, score.parts.hard_format, score.parts.mark,
+                                 score.overlong, score.total}) {
+        out.number(value);
+      }
+      out.number(score.correct);
+    }
+  }
+  return out.take();
+}
+
+std::vector<Group> decode_groups(const double* values, std::size_t count) {
+  Reader in(values, count);
+  std::vector<Group> groups(in.size());
+  for (auto& group : groups) {
+    group.problem.question = in.text();
+    group.problem.reference = in.text();
+    if (in.integer() != 0) {
+      Arithmetic arithmetic;
+      arithmetic.left = in.integer();
+      arithmetic.operation = in.integer() == 0 ? Arithmetic::Operation::kAdd : Arithmetic::Operation::kSubtract;
+      arithmetic.right = in.integer();
+      group.problem.arithmetic = arithmetic;
+    }
+    group.prompt = in.ids();
+    group.responses.resize(in.size());
+    for (auto& response : group.responses) {
+      response.ids = in.ids();
+      response.text = in.text();
+      response.truncated = in.integer() != 0;
+      ResponseScore& score = response.score;
+      score.parts.correctness = in.number();
+      score.parts.digit = in.number();
+      score.parts.hard_format = in.number();
+      score.parts.mark = in.number();
+      score.overlong = in.number();
+      score.total = in.number();
+      score.correct = in.integer() != 0;
+    }
+  }
+  if (!in.done())
+    throw std::runtime_error("decode_groups: " + std::to_string(count) + " values hold more than the groups");
+  return groups;
+}
+
+}  // namespace qwen
