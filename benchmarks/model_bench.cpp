@@ -14,8 +14,8 @@
 #include <fstream>
 #include <string>
 
-#include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/harness.hpp"
 
@@ -65,56 +65,35 @@ std::string run(const std::string& command) {
   return output;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  qwen::use_passive_openmp(argv);
-  const std::string self = argv[0];
-  if (argc == 3 && std::string(argv[1]) == "--create") {
+// The child processes: --create writes the model; --load loads it and prints its load time and peak memory as JSON
+// (in a fresh process, so that the peak is the load's alone).
+int run_child(const std::string& mode, const std::string& dir) {
+  if (mode == "--create") {
     torch::manual_seed(0);
     qwen::Qwen2ForCausalLM model(qwen25_05b_shape());
     qwen::initialize_weights(model);
-    qwen::save_model(model, argv[2]);
+    qwen::save_model(model, dir);
     return 0;
   }
-  if (argc == 3 && std::string(argv[1]) == "--load") {
-    at::set_num_threads(2);
-    const double before = current_rss_bytes();
-    const auto start = std::chrono::steady_clock::now();
-    auto model = qwen::load_model(argv[2]);
-    const double seconds = seconds_since(start);
-    int64_t bytes = 0;
-    for (const auto& item : model->named_parameters()) bytes += item.value().numel() * item.value().element_size();
-    std::printf("{\"load_seconds\": %.3f, \"peak_rss_bytes\": %.0f, \"rss_before_bytes\": %.0f, \"weight_bytes\": %lld}\n",
-                seconds, peak_rss_bytes(), before, static_cast<long long>(bytes));
-    return 0;
-  }
-
-  std::string dir = "/tmp/dapo-model-bench-qwen2.5-0.5b", json_path = "model_bench.json";
-  int threads = 2;
-  int64_t new_tokens = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--dir") dir = argv[i + 1];
-    else if (flag == "--threads") threads = std::stoi(argv[i + 1]);
-    else if (flag == "--json") json_path = argv[i + 1];
-    else if (flag == "--new-tokens") new_tokens = std::stoll(argv[i + 1]);
-    else throw std::invalid_argument("unknown option " + flag);
-  }
-  at::set_num_threads(threads);
-  if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
-    std::printf("writing a random Qwen2.5-0.5B-shaped model to %s ...\n", dir.c_str());
-    run("'" + self + "' --create '" + dir + "'");
-  }
-  const auto load = nlohmann::json::parse(run("'" + self + "' --load '" + dir + "'"));
-  const double weight_bytes = load.at("weight_bytes"), peak = load.at("peak_rss_bytes");
-  const double before = load.at("rss_before_bytes");
-  std::printf("Qwen2.5-0.5B shape, random weights, float32; %s, %d threads\n", dapo::bench::cpu_model().c_str(), threads);
-  std::printf("load: %.2f s, weights %.2f GiB, peak RSS %.2f GiB = %.2fx the weights (%.2f GiB resident before)\n",
-              load.at("load_seconds").get<double>(), weight_bytes / (1 << 30), peak / (1 << 30), peak / weight_bytes,
-              before / (1 << 30));
-
+  at::set_num_threads(2);
+  const double before = current_rss_bytes();
+  const auto start = std::chrono::steady_clock::now();
   auto model = qwen::load_model(dir);
+  const double seconds = seconds_since(start);
+  int64_t bytes = 0;
+  for (const auto& item : model->named_parameters()) bytes += item.value().numel() * item.value().element_size();
+  std::printf(
+      "{\"load_seconds\": %.3f, \"peak_rss_bytes\": %.0f, \"rss_before_bytes\": %.0f, \"weight_bytes\": %lld}\n",
+      seconds, peak_rss_bytes(), before, static_cast<long long>(bytes));
+  return 0;
+}
+
+struct DecodeTimes {
+  double cache_seconds = 0, recompute_seconds = 0, agreement = 0, generated = 0;
+};
+
+// Greedy decoding of 8 random prompts with and without the KV cache; the two must agree on (nearly) every token.
+DecodeTimes time_decode(qwen::Qwen2ForCausalLM& model, int64_t new_tokens) {
   torch::manual_seed(1);
   std::vector<std::vector<int64_t>> prompts(8);
   for (auto& prompt : prompts) {
@@ -132,27 +111,72 @@ int main(int argc, char** argv) try {
   };
   qwen::GenerationOutput cached, recomputed;
   timed(true, cached);  // warm-up
-  const double cache_seconds = timed(true, cached);
-  const double recompute_seconds = timed(false, recomputed);
-  // Greedy decoding in float32: the two paths must agree on (nearly) every token; report the agreement.
-  const double agreement = cached.tokens.eq(recomputed.tokens).to(torch::kFloat64).mean().item<double>();
-  if (agreement < 0.95) throw std::runtime_error("cached and recomputed decoding disagree on " +
-                                                 std::to_string(100 * (1 - agreement)) + "% of tokens");
-  const double generated = static_cast<double>(prompts.size() * new_tokens);
-  std::printf("decode, batch 8, prompt 32, %lld new tokens: KV cache %.1f tokens/s, recompute %.1f tokens/s, "
-              "%.1fx (tokens identical: %.1f%%)\n",
-              static_cast<long long>(new_tokens), generated / cache_seconds, generated / recompute_seconds,
-              recompute_seconds / cache_seconds, 100 * agreement);
+  DecodeTimes times;
+  times.cache_seconds = timed(true, cached);
+  times.recompute_seconds = timed(false, recomputed);
+  times.agreement = cached.tokens.eq(recomputed.tokens).to(torch::kFloat64).mean().item<double>();
+  if (times.agreement < 0.95) {
+    throw std::runtime_error("cached and recomputed decoding disagree on " +
+                             std::to_string(100 * (1 - times.agreement)) + "% of tokens");
+  }
+  times.generated = static_cast<double>(prompts.size() * new_tokens);
+  return times;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  qwen::use_passive_openmp(argv);
+  const std::string self = argv[0];
+  if (argc == 3 && (std::string(argv[1]) == "--create" || std::string(argv[1]) == "--load")) {
+    return run_child(argv[1], argv[2]);
+  }
+  std::string dir = "/tmp/dapo-model-bench-qwen2.5-0.5b", json_path = "model_bench.json";
+  int threads = 2;
+  int64_t new_tokens = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--dir")
+      dir = argv[i + 1];
+    else if (flag == "--threads")
+      threads = std::stoi(argv[i + 1]);
+    else if (flag == "--json")
+      json_path = argv[i + 1];
+    else if (flag == "--new-tokens")
+      new_tokens = std::stoll(argv[i + 1]);
+    else
+      throw std::invalid_argument("unknown option " + flag);
+  }
+  at::set_num_threads(threads);
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
+    std::printf("writing a random Qwen2.5-0.5B-shaped model to %s ...\n", dir.c_str());
+    run("'" + self + "' --create '" + dir + "'");
+  }
+  const auto load = nlohmann::json::parse(run("'" + self + "' --load '" + dir + "'"));
+  const double weight_bytes = load.at("weight_bytes"), peak = load.at("peak_rss_bytes");
+  const double before = load.at("rss_before_bytes");
+  std::printf("Qwen2.5-0.5B shape, random weights, float32; %s, %d threads\n", dapo::bench::cpu_model().c_str(),
+              threads);
+  std::printf("load: %.2f s, weights %.2f GiB, peak RSS %.2f GiB = %.2fx the weights (%.2f GiB resident before)\n",
+              load.at("load_seconds").get<double>(), weight_bytes / (1 << 30), peak / (1 << 30), peak / weight_bytes,
+              before / (1 << 30));
+  auto model = qwen::load_model(dir);
+  const DecodeTimes t = time_decode(model, new_tokens);
+  std::printf(
+      "decode, batch 8, prompt 32, %lld new tokens: KV cache %.1f tokens/s, recompute %.1f tokens/s, "
+      "%.1fx (tokens identical: %.1f%%)\n",
+      static_cast<long long>(new_tokens), t.generated / t.cache_seconds, t.generated / t.recompute_seconds,
+      t.recompute_seconds / t.cache_seconds, 100 * t.agreement);
   nlohmann::json record{{"benchmark", "Qwen2.5-0.5B-shaped model: load and decode"},
                         {"machine", dapo::bench::machine()},
                         {"load_seconds", load.at("load_seconds")},
                         {"weight_bytes", weight_bytes},
                         {"peak_rss_bytes", peak},
                         {"peak_rss_over_weights", peak / weight_bytes},
-                        {"decode_tokens_per_second_cache", generated / cache_seconds},
-                        {"decode_tokens_per_second_recompute", generated / recompute_seconds},
-                        {"cache_speedup", recompute_seconds / cache_seconds},
-                        {"token_agreement", agreement}};
+                        {"decode_tokens_per_second_cache", t.generated / t.cache_seconds},
+                        {"decode_tokens_per_second_recompute", t.generated / t.recompute_seconds},
+                        {"cache_speedup", t.recompute_seconds / t.cache_seconds},
+                        {"token_agreement", t.agreement}};
   dapo::bench::write_json(record, json_path);
   std::printf("wrote %s\n", json_path.c_str());
   return 0;

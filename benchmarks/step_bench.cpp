@@ -13,14 +13,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "qwen_gsm8k/cli/runtime.hpp"
 #include "qwen_gsm8k/demo/demo.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
-#include "qwen_gsm8k/cli/runtime.hpp"
-#include "qwen_gsm8k/train/trainer.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/trainer.hpp"
 #include "support/harness.hpp"
 
 namespace {
@@ -43,115 +45,144 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  qwen::use_passive_openmp(argv);
+struct Args {
   std::string shape = "small", json_path = "step_bench.json", tokenizer_dir;
   int64_t prompts = 8, rollout_n = 4, new_tokens = 64, mini = 4, epochs = 2, steps = 3;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+};
+
+// Throws std::invalid_argument naming a bad flag.
+Args parse_args(int argc, char** argv) {
+  Args args;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--shape")
-      shape = value;
+      args.shape = value;
     else if (flag == "--prompts")
-      prompts = std::stoll(value);
+      args.prompts = std::stoll(value);
     else if (flag == "--rollout-n")
-      rollout_n = std::stoll(value);
+      args.rollout_n = std::stoll(value);
     else if (flag == "--new-tokens")
-      new_tokens = std::stoll(value);
+      args.new_tokens = std::stoll(value);
     else if (flag == "--mini")
-      mini = std::stoll(value);
+      args.mini = std::stoll(value);
     else if (flag == "--epochs")
-      epochs = std::stoll(value);
+      args.epochs = std::stoll(value);
     else if (flag == "--steps")
-      steps = std::stoll(value);
+      args.steps = std::stoll(value);
     else if (flag == "--threads")
-      threads = std::stoi(value);
+      args.threads = std::stoi(value);
     else if (flag == "--json")
-      json_path = value;
+      args.json_path = value;
     else if (flag == "--tokenizer")
-      tokenizer_dir = value;
-    else {
-      std::fprintf(stderr, "step_bench: unknown option %s\n", flag.c_str());
-      return 2;
-    }
+      args.tokenizer_dir = value;
+    else
+      throw std::invalid_argument("unknown option " + flag);
   }
-  if (shape != "demo" && shape != "small") {
-    std::fprintf(stderr, "step_bench: --shape is %s, expected demo or small\n", shape.c_str());
-    return 2;
+  if (args.shape != "demo" && args.shape != "small") {
+    throw std::invalid_argument("--shape is " + args.shape + ", expected demo or small");
   }
-  if (shape == "small" && tokenizer_dir.empty()) {
-    std::fprintf(stderr, "step_bench: the small shape needs --tokenizer DIR (the Qwen2.5 tokenizer.json)\n");
-    return 2;
+  if (args.shape == "small" && args.tokenizer_dir.empty()) {
+    throw std::invalid_argument("the small shape needs --tokenizer DIR (the Qwen2.5 tokenizer.json)");
   }
-  at::set_num_threads(threads);
-  torch::manual_seed(0);
-  const qwen::Config config = shape == "demo" ? qwen::demo_model_config() : small_shape();
-  qwen::Qwen2ForCausalLM model(config);
-  qwen::initialize_weights(model);
-  int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
-  const qwen::Tokenizer tokenizer = shape == "demo"
-                                        ? qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
-                                        : qwen::Tokenizer::from_directory(tokenizer_dir);
-  const qwen::DemoProblems problems = qwen::make_demo_problems({.test_count = 4, .seed = 3});
+  return args;
+}
 
+qwen::TrainOptions step_options(const Args& args) {
   qwen::TrainOptions options;
-  options.total_steps = steps + 1;
-  options.train_batch_size = prompts;
-  options.rollout_n = rollout_n;
-  options.ppo_mini_batch_size = mini;
-  options.ppo_epochs = epochs;
+  options.total_steps = args.steps + 1;
+  options.train_batch_size = args.prompts;
+  options.rollout_n = args.rollout_n;
+  options.ppo_mini_batch_size = args.mini;
+  options.ppo_epochs = args.epochs;
   options.dynamic_sampling = false;  // a random model is never right
-  options.max_new_tokens = new_tokens;
+  options.max_new_tokens = args.new_tokens;
   options.lr = 1e-5;
   options.quiet = true;
   options.system_prompt = "Answer with <think> then <answer>.";
-  qwen::Trainer trainer(model, tokenizer, problems.train, problems.test, options);
+  return options;
+}
 
-  std::printf(
-      "DAPO step, %s shape (%.1fM parameters), float32; %d prompts x %d responses, %d new tokens, %d x %d "
-      "updates; %s, %d threads\n",
-      shape.c_str(), static_cast<double>(parameters) / 1e6, static_cast<int>(prompts), static_cast<int>(rollout_n),
-      static_cast<int>(new_tokens), static_cast<int>(epochs), static_cast<int>(prompts / mini),
-      dapo::bench::cpu_model().c_str(), threads);
+struct StepTimes {
+  std::vector<double> rollout_tps, update_tps, rollout_s, update_s, step_s, lengths;
+};
+
+StepTimes time_steps(qwen::Trainer& trainer, int64_t steps) {
   const nlohmann::json first = trainer.step();  // warm-up, and the check
   if (first.at("clip_fraction_by_minibatch").at(0).get<double>() != 0.0 ||
       !std::isfinite(first.at("loss").get<double>())) {
     throw std::runtime_error("step_bench: the first update is not on-policy or the loss is not finite: " +
                              first.dump());
   }
-  std::vector<double> rollout_tps, update_tps, rollout_s, update_s, step_s, lengths;
+  StepTimes times;
   for (int64_t s = 0; s < steps; ++s) {
     const nlohmann::json row = trainer.step();
-    rollout_tps.push_back(row.at("rollout_tokens_per_second"));
-    update_tps.push_back(row.at("update_tokens_per_second"));
-    rollout_s.push_back(row.at("rollout_seconds"));
-    update_s.push_back(row.at("update_seconds"));
-    step_s.push_back(row.at("step_seconds"));
-    lengths.push_back(row.at("response_length_mean"));
+    times.rollout_tps.push_back(row.at("rollout_tokens_per_second"));
+    times.update_tps.push_back(row.at("update_tokens_per_second"));
+    times.rollout_s.push_back(row.at("rollout_seconds"));
+    times.update_s.push_back(row.at("update_seconds"));
+    times.step_s.push_back(row.at("step_seconds"));
+    times.lengths.push_back(row.at("response_length_mean"));
   }
-  const double step_median = median(step_s);
+  return times;
+}
+
+void report(const Args& args, const StepTimes& times, int64_t parameters, const qwen::TrainOptions& options) {
+  const double step_median = median(times.step_s);
   std::printf("%-34s %12s\n", "median over steps", "value");
-  std::printf("%-34s %12.1f\n", "response length (tokens)", median(lengths));
-  std::printf("%-34s %12.1f\n", "rollout tokens/s (generated)", median(rollout_tps));
-  std::printf("%-34s %12.1f\n", "update tokens/s (all, x passes)", median(update_tps));
-  std::printf("%-34s %12.2f  (%.0f%%)\n", "rollout seconds", median(rollout_s), 100 * median(rollout_s) / step_median);
-  std::printf("%-34s %12.2f  (%.0f%%)\n", "update seconds", median(update_s), 100 * median(update_s) / step_median);
+  std::printf("%-34s %12.1f\n", "response length (tokens)", median(times.lengths));
+  std::printf("%-34s %12.1f\n", "rollout tokens/s (generated)", median(times.rollout_tps));
+  std::printf("%-34s %12.1f\n", "update tokens/s (all, x passes)", median(times.update_tps));
+  std::printf("%-34s %12.2f  (%.0f%%)\n", "rollout seconds", median(times.rollout_s),
+              100 * median(times.rollout_s) / step_median);
+  std::printf("%-34s %12.2f  (%.0f%%)\n", "update seconds", median(times.update_s),
+              100 * median(times.update_s) / step_median);
   std::printf("%-34s %12.2f\n", "step seconds", step_median);
   const nlohmann::json record{{"benchmark", "DAPO step: rollout and update throughput"},
                               {"machine", dapo::bench::machine()},
-                              {"shape", shape},
+                              {"shape", args.shape},
                               {"parameters", parameters},
                               {"settings", options.to_json()},
-                              {"response_length", median(lengths)},
-                              {"rollout_tokens_per_second", median(rollout_tps)},
-                              {"update_tokens_per_second", median(update_tps)},
-                              {"rollout_seconds", median(rollout_s)},
-                              {"update_seconds", median(update_s)},
+                              {"response_length", median(times.lengths)},
+                              {"rollout_tokens_per_second", median(times.rollout_tps)},
+                              {"update_tokens_per_second", median(times.update_tps)},
+                              {"rollout_seconds", median(times.rollout_s)},
+                              {"update_seconds", median(times.update_s)},
                               {"step_seconds", step_median}};
-  dapo::bench::write_json(record, json_path);
-  std::printf("wrote %s\n", json_path.c_str());
+  dapo::bench::write_json(record, args.json_path);
+  std::printf("wrote %s\n", args.json_path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qwen::use_passive_openmp(argv);
+  Args args;
+  try {
+    args = parse_args(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "step_bench: %s\n", error.what());
+    return 2;
+  }
+  at::set_num_threads(args.threads);
+  torch::manual_seed(0);
+  const qwen::Config config = args.shape == "demo" ? qwen::demo_model_config() : small_shape();
+  qwen::Qwen2ForCausalLM model(config);
+  qwen::initialize_weights(model);
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  const qwen::Tokenizer tokenizer = args.shape == "demo"
+                                        ? qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
+                                        : qwen::Tokenizer::from_directory(args.tokenizer_dir);
+  const qwen::DemoProblems problems = qwen::make_demo_problems({.test_count = 4, .seed = 3});
+  const qwen::TrainOptions options = step_options(args);
+  qwen::Trainer trainer(model, tokenizer, problems.train, problems.test, options);
+  std::printf(
+      "DAPO step, %s shape (%.1fM parameters), float32; %d prompts x %d responses, %d new tokens, %d x %d "
+      "updates; %s, %d threads\n",
+      args.shape.c_str(), static_cast<double>(parameters) / 1e6, static_cast<int>(args.prompts),
+      static_cast<int>(args.rollout_n), static_cast<int>(args.new_tokens), static_cast<int>(args.epochs),
+      static_cast<int>(args.prompts / args.mini), dapo::bench::cpu_model().c_str(), args.threads);
+  report(args, time_steps(trainer, args.steps), parameters, options);
   return 0;
 }

@@ -6,6 +6,9 @@
 // (SIMD, multi-threaded); on CUDA it is <dapo/cuda/policy_loss.cuh> when registered (the dapo::cuda target, built when
 // LibTorch has CUDA). Anything else runs the composite <dapo/reference/loss.hpp>.
 //
+// A mini-batch split into micro-batches (and over ranks) adds up to the one-shot loss when every micro-batch runs
+// with dapo::micro_batch_options(options, dapo::count_mini_batch(mini_batch_mask)) (<dapo/core/accumulation.hpp>).
+//
 // Shapes: B = responses in the batch, T = response tokens (right-padded).
 //   logp, old_logp, mask [B, T]; advantages [B] (one per response) or [B, T]. Outputs are 0-dim.
 #pragma once
@@ -14,6 +17,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
+#include "dapo/core/accumulation.hpp"
 #include "dapo/detail/aten_kernels.hpp"
 #include "dapo/detail/loss_tensors.hpp"
 #include "dapo/reference/loss.hpp"
@@ -39,12 +43,18 @@ inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& 
 template <class Fn>
 void visit_mask_dtype(torch::ScalarType dtype, const Fn& fn) {
   switch (dtype) {
-    case torch::kBool: return fn(bool{});
-    case torch::kFloat32: return fn(float{});
-    case torch::kFloat64: return fn(double{});
-    case torch::kBFloat16: return fn(c10::BFloat16{});
-    case torch::kHalf: return fn(c10::Half{});
-    default: DAPO_REQUIRE(false, "dapo::policy_loss", "unsupported mask dtype ", dtype);
+    case torch::kBool:
+      return fn(bool{});
+    case torch::kFloat32:
+      return fn(float{});
+    case torch::kFloat64:
+      return fn(double{});
+    case torch::kBFloat16:
+      return fn(c10::BFloat16{});
+    case torch::kHalf:
+      return fn(c10::Half{});
+    default:
+      DAPO_REQUIRE(false, "dapo::policy_loss", "unsupported mask dtype ", dtype);
   }
 }
 
@@ -57,7 +67,8 @@ struct FusedPolicyLoss : torch::autograd::Function<FusedPolicyLoss> {
     const torch::Tensor logp_c = logp.contiguous(), old_logp_c = old_logp.contiguous(), mask_c = mask.contiguous();
     const torch::Tensor advantages_c = advantages.to(compute_type).contiguous();
     const bool want_grad = logp.requires_grad();
-    torch::Tensor raw_grad = want_grad ? torch::empty(logp.sizes(), logp.options().dtype(compute_type)) : torch::Tensor();
+    torch::Tensor raw_grad =
+        want_grad ? torch::empty(logp.sizes(), logp.options().dtype(compute_type)) : torch::Tensor();
 
     const core::PolicyLossKernelResult out =
         logp.is_cuda() ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad)
@@ -96,9 +107,9 @@ inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& 
     using T = decltype(logp_tag);
     visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
       using M = decltype(mask_tag);
-      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(), old_logp.data_ptr<T>(), advantages.data_ptr<C>(),
-                                                   mask.data_ptr<M>(), logp.size(0), logp.size(1),
-                                                   advantages.dim() == 2};
+      const core::PolicyLossInputs<T, C, M> inputs{
+          logp.data_ptr<T>(), old_logp.data_ptr<T>(), advantages.data_ptr<C>(), mask.data_ptr<M>(),
+          logp.size(0),       logp.size(1),           advantages.dim() == 2};
       out = core::policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
                                         "dapo::policy_loss", AtenParallelFor{});
     });
@@ -123,6 +134,26 @@ inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tens
   }
   const auto outputs = detail::FusedPolicyLoss::apply(logp, old_logp.detach(), advantages.detach(), mask, options);
   return {outputs[0], outputs[1], outputs[2], outputs[3]};
+}
+
+// The counts of a mini-batch's mask [B, T] (bool or floating, 0 and 1) for micro_batch_options; with data parallel,
+// of this rank's share, then summed over ranks (MiniBatchCounts::operator+=). Counted on the CPU (a CUDA mask is
+// copied: B * T bytes, and the count has to reach the host anyway).
+inline MiniBatchCounts count_mini_batch(const torch::Tensor& mask) {
+  constexpr const char* kWhere = "dapo::count_mini_batch";
+  detail::check_defined(mask, "mask", kWhere);
+  detail::check_dim(mask, 2, "mask", kWhere);
+  DAPO_REQUIRE(mask.scalar_type() == torch::kBool || mask.is_floating_point(), kWhere, "mask has dtype ",
+               mask.scalar_type(), ", expected bool or a floating dtype holding 0 and 1");
+  torch::Tensor host = mask.to(torch::kCPU);
+  if (host.scalar_type() == torch::kBFloat16 || host.scalar_type() == torch::kHalf) host = host.to(torch::kFloat32);
+  host = host.contiguous();
+  MiniBatchCounts counts;
+  detail::visit_mask_dtype(host.scalar_type(), [&](auto mask_tag) {
+    using M = decltype(mask_tag);
+    counts = detail::count_mask(host.data_ptr<M>(), host.size(0), host.size(1), kWhere);
+  });
+  return counts;
 }
 
 }  // namespace dapo

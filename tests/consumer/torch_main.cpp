@@ -1,6 +1,8 @@
-// Uses the LibTorch front end: one policy-loss step with autograd.
+// Uses the LibTorch front end: one policy-loss step with autograd, then the same batch as two micro-batches whose
+// losses add up to it (everything from <dapo/loss.hpp> alone).
 #include <dapo/loss.hpp>
 
+#include <cmath>
 #include <cstdio>
 
 int main() {
@@ -11,6 +13,16 @@ int main() {
   const auto out = dapo::policy_loss(logp, old_logp, advantages, mask);
   out.loss.backward();
   const double loss = out.loss.item<double>();
-  std::printf("torch consumer: loss %.6f, d loss / d logp[0][0] %.6f\n", loss, logp.grad()[0][0].item<double>());
-  return std::abs(loss - (-(3.0 - 1.0) / 4.0)) < 1e-6 ? 0 : 1;
+
+  const dapo::PolicyLossOptions options = dapo::micro_batch_options({}, dapo::count_mini_batch(mask));
+  double accumulated = 0.0;
+  for (int64_t row = 0; row < 2; ++row) {
+    accumulated += dapo::policy_loss(logp.narrow(0, row, 1), old_logp.narrow(0, row, 1), advantages.narrow(0, row, 1),
+                                     mask.narrow(0, row, 1), options)
+                       .loss.item<double>();
+  }
+  std::printf("torch consumer: loss %.6f, accumulated %.6f, d loss / d logp[0][0] %.6f\n", loss, accumulated,
+              logp.grad()[0][0].item<double>());
+  const double expected = -(3.0 - 1.0) / 4.0;
+  return std::abs(loss - expected) < 1e-6 && std::abs(accumulated - expected) < 1e-6 ? 0 : 1;
 }

@@ -37,6 +37,9 @@ TEST_CASE("seed extraction: last number of the first answer block, Python findal
   CHECK(extract_answer("<answer>\xD9\xA3</answer>") == "\xD9\xA3");  // Arabic-Indic 3 is a Python \d
   CHECK(extract_answer("<answer>\xC2\xB2</answer>").empty());        // superscript two is not (category No)
   CHECK(extract_answer("<answer>\xFF" "9</answer>") == "9");        // invalid UTF-8 is skipped, not a crash
+  // An over-long encoding of "0" (C0 B0) is malformed UTF-8, which Python reads as U+FFFD: no digit.
+  CHECK(extract_answer("<answer>\xC0\xB0</answer>").empty());
+  CHECK(extract_answer("<answer>\xE0\x80\xB5" "4</answer>") == "4");  // over-long "5" skipped, the 4 kept
 }
 
 TEST_CASE("lenient mode: minus signs, thousands separators, Unicode digits, trailing zeros") {
@@ -102,11 +105,8 @@ TEST_CASE("reference_answer takes the text after ####, without commas") {
 }
 
 TEST_CASE("reference_answer on every GSM8K train line yields a number the lenient reader agrees with") {
-  const auto dir = dapo::test::shared_dir();
-  if (!dir) {
-    MESSAGE("skipped: reference data not found");
-    return;
-  }
+  const auto dir = dapo::test::require_shared("data/gsm8k/train.jsonl");
+  if (!dir) return;
   std::ifstream in(*dir / "data" / "gsm8k" / "train.jsonl");
   REQUIRE(in.good());
   std::string line;

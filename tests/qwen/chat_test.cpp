@@ -24,11 +24,8 @@ std::vector<ChatMessage> messages_of(const json& value) {
 }  // namespace
 
 TEST_CASE("render_chat reproduces every golden conversation, text and ids") {
-  const auto shared = dapo::test::shared_dir();
-  if (!shared) {
-    MESSAGE("skipped: reference data not found (set DAPO_SHARED_DIR or place shared/ beside the checkout)");
-    return;
-  }
+  const auto shared = dapo::test::require_shared("fixtures/tokenizer");
+  if (!shared) return;
   const auto fixtures = *shared / "fixtures" / "tokenizer";
   const auto tokenizer = qwen::Tokenizer::from_directory(fixtures / "qwen2.5");
   // render_chat hard-codes this template; if a checkpoint's differs, it is not the right renderer.

@@ -45,11 +45,8 @@ std::vector<std::size_t> iota(std::size_t count) {
 }  // namespace
 
 TEST_CASE("GSM8K train and test files load with their final answers") {
-  const auto dir = dapo::test::shared_dir();
-  if (!dir) {
-    MESSAGE("skipped: reference data not found (set DAPO_SHARED_DIR or place shared/ beside the checkout)");
-    return;
-  }
+  const auto dir = dapo::test::require_shared("data/gsm8k/train.jsonl", "data/gsm8k/test.jsonl");
+  if (!dir) return;
   const auto train = qwen::load_problems(*dir / "data" / "gsm8k" / "train.jsonl");
   REQUIRE(train.problems.size() == 7473);
   CHECK(train.skipped_lines == 0);

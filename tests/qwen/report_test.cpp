@@ -1,6 +1,7 @@
-// qwen::render_svg, training_charts, write_report and read_json_lines: every SVG is checked by a real renderer
+// qwen::render_svg, training_charts, write_report and write_comparison: every SVG is checked by a real renderer
 // (rsvg-convert, skipped with a message when it is not installed), escaping, skipped non-finite values, edge cases
-// (no data, one step, constant values, extreme ranges) and the errors that name the file and line.
+// (no data, one step, constant values, extreme ranges) and the errors that name the path. read_json_lines is tested
+// with the other common/ helpers in common_test.cpp.
 #include "qwen_gsm8k/report/report.hpp"
 
 #include <doctest/doctest.h>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/files.hpp"
 #include "support/qwen_fixtures.hpp"
 
 namespace {
@@ -27,19 +29,9 @@ using nlohmann::json;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE_MESSAGE(in.good(), "cannot open " << path.string());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using dapo::test::contains;
+using dapo::test::read_file;
+using dapo::test::write_file;
 
 std::size_t count(const std::string& text, const std::string& part) {
   std::size_t n = 0;
@@ -378,39 +370,4 @@ TEST_CASE("write_report: empty run, a single step, constant values; an unwritabl
   } catch (const std::runtime_error& error) {
     CHECK(contains(error.what(), (dir.path() / "occupied").string()));
   }
-}
-
-TEST_CASE("read_json_lines: rows, blank lines, CRLF; a malformed line names file and line") {
-  dapo::test::ScratchDir dir;
-  const fs::path good = dir.path() / "metrics.jsonl";
-  write_file(good, "{\"step\": 1, \"accuracy\": 0.5}\n\n{\"step\": 2}\r\n   \n{\"step\": 3}");
-  const auto rows = qwen::read_json_lines(good);
-  REQUIRE(rows.size() == 3);
-  CHECK(rows[0].at("accuracy") == 0.5);
-  CHECK(rows[2].at("step") == 3);
-
-  const fs::path bad = dir.path() / "eval.jsonl";
-  write_file(bad, "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3, \"accuracy\": }\n{\"step\": 4}\n");
-  try {
-    qwen::read_json_lines(bad);
-    FAIL("expected std::runtime_error");
-  } catch (const std::runtime_error& error) {
-    const std::string message = error.what();
-    CHECK(contains(message, bad.string() + ":3: "));
-    CHECK(contains(message, "not valid JSON"));
-    CHECK_FALSE(contains(message, "partial last line"));
-  }
-
-  const fs::path truncated = dir.path() / "truncated.jsonl";
-  write_file(truncated, "{\"step\": 1}\n{\"step\": 2, \"acc");
-  CHECK_THROWS_WITH_AS(qwen::read_json_lines(truncated), doctest::Contains(":2: not valid JSON"), std::runtime_error);
-  CHECK_THROWS_WITH_AS(qwen::read_json_lines(truncated), doctest::Contains("partial last line"), std::runtime_error);
-
-  const fs::path not_object = dir.path() / "array.jsonl";
-  write_file(not_object, "{\"step\": 1}\n[1, 2]\n");
-  CHECK_THROWS_WITH_AS(qwen::read_json_lines(not_object), doctest::Contains(":2: expected one JSON object per line"),
-                       std::runtime_error);
-
-  CHECK_THROWS_WITH_AS(qwen::read_json_lines(dir.path() / "missing.jsonl"), doctest::Contains("missing.jsonl"),
-                       std::runtime_error);
 }

@@ -26,11 +26,8 @@ Run run(const qwen::Tokenizer& tokenizer, const std::string& input) {
 }  // namespace
 
 TEST_CASE("run_tokenize with the Qwen2.5 tokenizer: strings, conversations, a malformed line") {
-  const auto shared = dapo::test::shared_dir();
-  if (!shared) {
-    MESSAGE("skipped: reference data not found (set DAPO_SHARED_DIR or place shared/ beside the checkout)");
-    return;
-  }
+  const auto shared = dapo::test::require_shared("fixtures/tokenizer");
+  if (!shared) return;
   const auto dir = *shared / "fixtures" / "tokenizer" / "qwen2.5";
   const auto tokenizer = qwen::Tokenizer::from_directory(dir);
 

@@ -2,6 +2,8 @@
 // byte-level tokenizer, and the error messages for malformed tokenizer files. Needs no LibTorch.
 #include "qwen_gsm8k/text/tokenizer.hpp"
 
+#include <dapo/core/utf8.hpp>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -18,11 +20,8 @@ using nlohmann::json;
 using qwen::Tokenizer;
 
 std::optional<fs::path> fixtures_dir() {
-  const auto dir = dapo::test::shared_dir();
-  if (!dir) {
-    MESSAGE("skipped: reference data not found (set DAPO_SHARED_DIR or place shared/ beside the checkout)");
-    return std::nullopt;
-  }
+  const auto dir = dapo::test::require_shared("fixtures/tokenizer");
+  if (!dir) return std::nullopt;
   return *dir / "fixtures" / "tokenizer";
 }
 
@@ -276,18 +275,7 @@ TEST_CASE("byte_level: arbitrary bytes and UTF-8 round-trip") {
     std::string text;
     for (int i = 0, n = static_cast<int>(rng() % 24); i < n; ++i) {
       const auto& [low, high] = ranges[rng() % ranges.size()];
-      const char32_t cp = low + rng() % (high - low + 1);
-      if (cp < 0x80) {
-        text += static_cast<char>(cp);
-      } else if (cp < 0x800) {
-        text += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-      } else if (cp < 0x10000) {
-        text += {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
-                 static_cast<char>(0x80 | (cp & 0x3F))};
-      } else {
-        text += {static_cast<char>(0xF0 | (cp >> 18)), static_cast<char>(0x80 | ((cp >> 12) & 0x3F)),
-                 static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
-      }
+      dapo::utf8::append(text, low + rng() % (high - low + 1));
     }
     CAPTURE(trial);
     CHECK(tokenizer.encode(text) == byte_ids(text));

@@ -10,7 +10,7 @@
 #include "qwen_gsm8k/train/checkpoint.hpp"
 #include "qwen_gsm8k/demo/demo.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
-#include "qwen_gsm8k/report/report.hpp"
+#include "qwen_gsm8k/common/json_lines.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
@@ -44,11 +44,8 @@ qwen::TrainOptions small_options(const std::filesystem::path& output) {
 }  // namespace
 
 TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, checkpoint reload and exact resume") {
-  const auto shared = dapo::test::shared_dir();
-  if (!shared) {
-    MESSAGE("skipped: reference data not found");
-    return;
-  }
+  const auto shared = dapo::test::require_shared("fixtures/tokenizer/qwen2.5", "data/gsm8k");
+  if (!shared) return;
   dapo::test::ScratchDir scratch;
   const auto model_dir = scratch.path() / "model";
   torch::manual_seed(0);

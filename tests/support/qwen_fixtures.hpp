@@ -14,13 +14,10 @@
 
 namespace dapo::test {
 
-// ../shared/fixtures/qwen2/<name>, or nothing (after a MESSAGE saying the test skips).
+// ../shared/fixtures/qwen2/<name>, or nothing (the caller skips; see require_shared).
 inline std::optional<std::filesystem::path> qwen_fixture(const std::string& name) {
-  const auto dir = shared_dir();
-  if (!dir) {
-    MESSAGE("skipped: reference data not found (set DAPO_SHARED_DIR or place shared/ beside the checkout)");
-    return std::nullopt;
-  }
+  const auto dir = require_shared("fixtures/qwen2/" + name);
+  if (!dir) return std::nullopt;
   return *dir / "fixtures" / "qwen2" / name;
 }
 
@@ -35,7 +32,8 @@ class ScratchDir {
  public:
   ScratchDir() {
     std::random_device random;
-    path_ = std::filesystem::temp_directory_path() / ("dapo-test-" + std::to_string(random()) + std::to_string(random()));
+    path_ =
+        std::filesystem::temp_directory_path() / ("dapo-test-" + std::to_string(random()) + std::to_string(random()));
     std::filesystem::create_directories(path_);
   }
   ~ScratchDir() {

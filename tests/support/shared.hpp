@@ -1,5 +1,6 @@
 // Test support: where ../shared is, loading its JSON goldens, and comparing numbers with a tolerance.
-// Tests that need ../shared call shared_dir() and skip (with a message naming the path) when it returns nothing.
+// A test that needs ../shared calls require_shared(): a fresh clone without the data skips with a message naming what
+// is missing and how to provide it; under CI=true the missing data fails the test instead.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -15,21 +16,48 @@
 
 namespace dapo::test {
 
-// DAPO_SHARED_DIR if set, else ../shared beside the source tree.
-inline std::optional<std::filesystem::path> shared_dir() {
+// Where the reference data should be: DAPO_SHARED_DIR if set, else ../shared beside the source tree.
+inline std::filesystem::path shared_dir() {
   const char* from_env = std::getenv("DAPO_SHARED_DIR");
-  const std::filesystem::path dir = from_env != nullptr ? from_env : std::filesystem::path(DAPO_SOURCE_DIR) / ".." / "shared";
-  if (!std::filesystem::is_directory(dir)) return std::nullopt;
-  return dir;
+  return from_env != nullptr ? std::filesystem::path(from_env)
+                             : std::filesystem::path(DAPO_SOURCE_DIR) / ".." / "shared";
 }
 
-// The golden file's section, or nothing (after printing why the caller skips).
-inline std::optional<nlohmann::json> algo_golden(const std::string& section) {
-  const auto dir = shared_dir();
-  if (!dir) {
-    MESSAGE("skipped: reference data not found (set DAPO_SHARED_DIR or place shared/ beside the checkout)");
-    return std::nullopt;
+// CI=true (or 1), as GitHub Actions and most CI services set it.
+inline bool running_in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && (std::string(ci) == "true" || std::string(ci) == "1");
+}
+
+// The shared directory, when every path `needed` names inside it exists (e.g. "data/gsm8k",
+// "fixtures/tokenizer/qwen2.5"). Otherwise: under CI the test fails here, naming the missing data (a CI run that
+// skips its goldens proves nothing); elsewhere it returns nothing after a MESSAGE naming what is missing and how to
+// provide it, and the caller returns (skips).
+template <typename... Needed>
+std::optional<std::filesystem::path> require_shared(const Needed&... needed) {
+  static_assert(sizeof...(needed) > 0, "name the paths inside shared/ that the test reads");
+  const std::filesystem::path dir = shared_dir();
+  std::string missing;
+  for (const std::filesystem::path& path : {dir / needed...}) {
+    if (!std::filesystem::exists(path)) missing += (missing.empty() ? "" : ", ") + path.string();
   }
+  if (missing.empty()) return dir;
+  const std::string source =
+      std::getenv("DAPO_SHARED_DIR") != nullptr ? "from DAPO_SHARED_DIR" : "the default ../shared";
+  if (running_in_ci()) {
+    FAIL("CI=true and the reference data " << missing << " is missing (" << source
+                                           << "); CI must place shared/ beside the checkout or set DAPO_SHARED_DIR");
+  }
+  MESSAGE("skipped: reference data " << missing << " not found (" << source
+                                     << "); set DAPO_SHARED_DIR to a shared/ directory, or place shared/ beside the "
+                                        "checkout, to run this test");
+  return std::nullopt;
+}
+
+// The golden file's section, or nothing (the caller skips; see require_shared).
+inline std::optional<nlohmann::json> algo_golden(const std::string& section) {
+  const auto dir = require_shared("fixtures/algo/golden.json");
+  if (!dir) return std::nullopt;
   const auto path = *dir / "fixtures" / "algo" / "golden.json";
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot open " << path.string());

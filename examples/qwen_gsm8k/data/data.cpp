@@ -11,6 +11,8 @@
 #include <system_error>
 #include <utility>
 
+#include "qwen_gsm8k/common/seed.hpp"
+
 namespace qwen {
 namespace {
 
@@ -145,13 +147,6 @@ Problem problem_of(std::string_view line, const DataFields& fields) {
     throw BadLine{"field \"" + fields.question + "\" is empty"};
   }
   return Problem{question.get<std::string>(), reference_of(field(json, fields.answer), fields)};
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 // Uniform in [0, bound) by rejection, so no modulo bias and nothing implementation-defined.

@@ -1,15 +1,15 @@
 // The built-in demo: tiny model, byte tokenizer, generated problems, warm start, then DAPO (or GRPO).
 #include "qwen_gsm8k/demo/demo.hpp"
 
-#include <dapo/logprob.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 
+#include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
-#include "qwen_gsm8k/train/rollout.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/batch.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
 
 namespace qwen {
 namespace {
@@ -45,36 +45,19 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
   const int64_t end_id = *tokenizer.token_to_id("<|im_end|>"), pad_id = *tokenizer.pad_token_id();
   model->train();
   for (int64_t step = 0; step < options.sft_steps; ++step) {
-    std::vector<std::vector<int64_t>> sequences;
-    std::vector<int64_t> prompt_lengths;
-    int64_t longest = 0;
+    std::vector<BatchRow> rows;
     const auto indices = sampler.next(static_cast<std::size_t>(options.sft_batch));
     const auto [begin, end] = communicator.shard(static_cast<int64_t>(indices.size()));
     for (int64_t i = begin; i < end; ++i) {
       const auto index = indices[static_cast<std::size_t>(i)];
-      std::vector<int64_t> sequence = prompt_ids(tokenizer, system_prompt, train[index].question);
-      prompt_lengths.push_back(static_cast<int64_t>(sequence.size()));
-      for (const int32_t id : tokenizer.encode(demo_solution(train[index]))) sequence.push_back(id);
-      sequence.push_back(end_id);
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(sequence.size()));
-      sequences.push_back(std::move(sequence));
+      BatchRow row{prompt_ids(tokenizer, system_prompt, train[index].question), 0, true};
+      row.prompt_length = static_cast<int64_t>(row.tokens.size());
+      for (const int32_t id : tokenizer.encode(demo_solution(train[index]))) row.tokens.push_back(id);
+      row.tokens.push_back(end_id);
+      rows.push_back(std::move(row));
     }
-    const auto rows = static_cast<int64_t>(sequences.size());
-    torch::Tensor ids = torch::full({rows, longest}, pad_id, torch::kInt64);
-    torch::Tensor mask = torch::zeros({rows, longest}, torch::kInt64);
-    torch::Tensor targets_mask = torch::zeros({rows, longest - 1}, torch::kBool);
-    for (int64_t r = 0; r < rows; ++r) {
-      const auto& sequence = sequences[static_cast<std::size_t>(r)];
-      const auto length = static_cast<int64_t>(sequence.size());
-      ids[r].narrow(0, 0, length).copy_(torch::tensor(sequence, torch::kInt64));
-      mask[r].narrow(0, 0, length).fill_(1);
-      const int64_t prompt = prompt_lengths[static_cast<std::size_t>(r)];
-      targets_mask[r].narrow(0, prompt - 1, length - prompt).fill_(true);
-    }
-    const torch::Tensor hidden = model->hidden_states(ids, mask, position_ids_from_mask(mask));
-    const torch::Tensor selected = hidden.narrow(1, 0, longest - 1).index({targets_mask});
-    const torch::Tensor targets = ids.narrow(1, 1, longest - 1).index({targets_mask});
-    const torch::Tensor logp = dapo::linear_logprobs(selected, model->lm_head_weight(), targets).logp;
+    const PaddedBatch batch = pad_rows(rows, pad_id);
+    const torch::Tensor logp = target_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, {});
     torch::Tensor loss;
     if (communicator.world_size() == 1) {
       loss = -logp.mean();
@@ -106,6 +89,52 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
     }
   }
   return result;
+}
+
+// summary.json: the before/after accuracies, the warm start, timings and every setting.
+nlohmann::json demo_summary(const DemoOptions& options, const TrainOptions& train_options,
+                            const std::vector<nlohmann::json>& evals, int ranks, const WarmStart& warm,
+                            double warm_seconds, double wall) {
+  nlohmann::json summary{{"algorithm", options.algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
+                         {"seed", options.seed},
+                         {"ranks", ranks},
+                         {"sft_accuracy", evals.front().at("accuracy")},
+                         {"final_accuracy", evals.back().at("accuracy")},
+                         {"best_accuracy", 0.0},
+                         {"eval_problems", options.eval_problems},
+                         {"warm_start_seconds", warm_seconds},
+                         {"warm_start_steps", warm.steps},
+                         {"warm_start_check_accuracy", warm.check_accuracy},
+                         {"wall_seconds", wall},
+                         {"evals", evals},
+                         {"settings",
+                          {{"sft_max_steps", options.sft_steps},
+                           {"sft_min_steps", options.sft_min_steps},
+                           {"sft_target_accuracy", options.sft_target_accuracy},
+                           {"sft_batch", options.sft_batch},
+                           {"sft_lr", options.sft_lr},
+                           {"rl_steps", options.rl_steps},
+                           {"rl_lr", options.rl_lr},
+                           {"rl_groups", options.rl_groups},
+                           {"rl_mini_groups", options.rl_mini_groups},
+                           {"rollout_n", options.rollout_n},
+                           {"ppo_epochs", options.ppo_epochs},
+                           {"cosine_schedule", options.cosine_schedule},
+                           {"model", demo_model_config().to_json()},
+                           {"train", train_options.to_json()}}}};
+  for (const auto& eval : evals)
+    summary["best_accuracy"] = std::max(summary["best_accuracy"].get<double>(), eval.at("accuracy").get<double>());
+  return summary;
+}
+
+void print_demo_table(const DemoOptions& options, const nlohmann::json& summary) {
+  const double before = summary["sft_accuracy"].get<double>(), after = summary["final_accuracy"].get<double>();
+  std::printf("\n%-28s %10s\n", "greedy accuracy (held out)", "value");
+  std::printf("%-28s %10.3f\n", "after warm start", before);
+  std::printf("%-28s %10.3f\n", options.algorithm == Algorithm::kDapo ? "after DAPO" : "after GRPO", after);
+  std::printf("%-28s %+10.3f\n", "change", after - before);
+  std::printf("%-28s %9.0fs\n", "wall time", summary["wall_seconds"].get<double>());
+  std::printf("report: %s\n", (options.output_dir / "report.html").string().c_str());
 }
 
 }  // namespace
@@ -196,49 +225,12 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
   Trainer trainer(model, tokenizer, problems.train, problems.test, train_options, communicator);
   trainer.run();  // evaluates first (the warm-started model), then trains, evaluating every eval_every steps
 
-  const auto& evals = trainer.evals();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  nlohmann::json summary{{"algorithm", options.algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
-                         {"seed", options.seed},
-                         {"ranks", communicator->world_size()},
-                         {"sft_accuracy", evals.front().at("accuracy")},
-                         {"final_accuracy", evals.back().at("accuracy")},
-                         {"best_accuracy", 0.0},
-                         {"eval_problems", problems.test.size()},
-                         {"warm_start_seconds", warm_seconds},
-                         {"warm_start_steps", warm.steps},
-                         {"warm_start_check_accuracy", warm.check_accuracy},
-                         {"wall_seconds", wall},
-                         {"evals", evals},
-                         {"settings",
-                          {{"sft_max_steps", options.sft_steps},
-                           {"sft_min_steps", options.sft_min_steps},
-                           {"sft_target_accuracy", options.sft_target_accuracy},
-                           {"sft_batch", options.sft_batch},
-                           {"sft_lr", options.sft_lr},
-                           {"rl_steps", options.rl_steps},
-                           {"rl_lr", options.rl_lr},
-                           {"rl_groups", options.rl_groups},
-                           {"rl_mini_groups", options.rl_mini_groups},
-                           {"rollout_n", options.rollout_n},
-                           {"ppo_epochs", options.ppo_epochs},
-                           {"cosine_schedule", options.cosine_schedule},
-                           {"model", demo_model_config().to_json()},
-                           {"train", train_options.to_json()}}}};
-  for (const auto& eval : evals)
-    summary["best_accuracy"] = std::max(summary["best_accuracy"].get<double>(), eval.at("accuracy").get<double>());
+  const nlohmann::json summary =
+      demo_summary(options, train_options, trainer.evals(), communicator->world_size(), warm, warm_seconds, wall);
   if (!root) return summary;
   write_file_atomically(options.output_dir / "summary.json", summary.dump(2) + "\n");
-  if (!options.quiet) {
-    std::printf("\n%-28s %10s\n", "greedy accuracy (held out)", "value");
-    std::printf("%-28s %10.3f\n", "after warm start", summary["sft_accuracy"].get<double>());
-    std::printf("%-28s %10.3f\n", options.algorithm == Algorithm::kDapo ? "after DAPO" : "after GRPO",
-                summary["final_accuracy"].get<double>());
-    std::printf("%-28s %+10.3f\n", "change",
-                summary["final_accuracy"].get<double>() - summary["sft_accuracy"].get<double>());
-    std::printf("%-28s %9.0fs\n", "wall time", wall);
-    std::printf("report: %s\n", (options.output_dir / "report.html").string().c_str());
-  }
+  if (!options.quiet) print_demo_table(options, summary);
   return summary;
 }
 

@@ -2,7 +2,6 @@
 #include "qwen_gsm8k/model/config.hpp"
 
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 namespace qwen {
@@ -55,8 +54,8 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
   config.intermediate_size = required_int(json, "intermediate_size", source);
   config.num_hidden_layers = required_int(json, "num_hidden_layers", source);
   config.num_attention_heads = required_int(json, "num_attention_heads", source);
-  config.num_key_value_heads =
-      json.contains("num_key_value_heads") ? required_int(json, "num_key_value_heads", source) : config.num_attention_heads;
+  config.num_key_value_heads = json.contains("num_key_value_heads") ? required_int(json, "num_key_value_heads", source)
+                                                                    : config.num_attention_heads;
   config.max_position_embeddings =
       json.contains("max_position_embeddings") ? required_int(json, "max_position_embeddings", source) : 32768;
   config.rms_norm_eps = number_or(json, "rms_norm_eps", 1e-6, source);
@@ -97,7 +96,9 @@ void Config::validate(const std::string& source) const {
     fail(source, "hidden_size " + std::to_string(hidden_size) + " is not a multiple of num_attention_heads " +
                      std::to_string(num_attention_heads));
   }
-  if (head_dim() % 2 != 0) fail(source, "the head dimension " + std::to_string(head_dim()) + " is odd; RoPE needs pairs");
+  if (head_dim() % 2 != 0) {
+    fail(source, "the head dimension " + std::to_string(head_dim()) + " is odd; RoPE needs pairs");
+  }
   if (num_attention_heads % num_key_value_heads != 0) {
     fail(source, "num_attention_heads " + std::to_string(num_attention_heads) +
                      " is not a multiple of num_key_value_heads " + std::to_string(num_key_value_heads));
@@ -143,18 +144,6 @@ nlohmann::json Config::to_json() const {
   if (eos_token_ids.size() == 1) json["eos_token_id"] = eos_token_ids.front();
   if (eos_token_ids.size() > 1) json["eos_token_id"] = eos_token_ids;
   return json;
-}
-
-void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error(temporary.string() + ": cannot open for writing (is the directory writable?)");
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error(temporary.string() + ": write failed (disk full?)");
-  }
-  std::filesystem::rename(temporary, path);
 }
 
 }  // namespace qwen

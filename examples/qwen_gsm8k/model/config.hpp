@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+
 namespace qwen {
 
 struct Config {
@@ -36,8 +37,5 @@ struct Config {
   // Throws std::invalid_argument naming the first inconsistent field.
   void validate(const std::string& source) const;
 };
-
-// Writes `text` to `path` through a temporary file and a rename, so a crash leaves either the old file or the new one.
-void write_file_atomically(const std::filesystem::path& path, const std::string& text);
 
 }  // namespace qwen

@@ -6,12 +6,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dapo/core/error.hpp>
+
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <numeric>
+#include <ostream>
 #include <set>
 #include <stdexcept>
+
+#include "qwen_gsm8k/common/atomic_file.hpp"
 
 namespace qwen {
 namespace {
@@ -22,7 +26,7 @@ struct DtypeName {
   const char* name;
   torch::ScalarType dtype;
 };
-constexpr DtypeName kDtypes[] = {{"F64", torch::kFloat64}, {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
+constexpr DtypeName kDtypes[] = {{"F64", torch::kFloat64},   {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
                                  {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
                                  {"I16", torch::kInt16},     {"I8", torch::kInt8},     {"U8", torch::kUInt8},
                                  {"BOOL", torch::kBool}};
@@ -31,10 +35,51 @@ constexpr DtypeName kDtypes[] = {{"F64", torch::kFloat64}, {"F32", torch::kFloat
   throw std::runtime_error(path.string() + ": " + message);
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
+// One tensor's header entry, every field checked against the file: dtype known, shape sizes, byte range inside the
+// data section and of the size the shape and dtype imply.
+SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::string& name, const nlohmann::json& value,
+                             std::size_t data_start, std::size_t data_bytes) {
+  const std::string where = "tensor \"" + name + "\"";
+  if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
+    fail(path, where + " lacks dtype, shape or data_offsets");
+  }
+  SafetensorsEntry entry;
+  entry.name = name;
+  if (!value.at("dtype").is_string()) fail(path, where + ": dtype is not a string");
+  entry.dtype_name = value.at("dtype").get<std::string>();
+  bool known = false;
+  for (const auto& dtype : kDtypes) {
+    if (entry.dtype_name == dtype.name) {
+      entry.dtype = dtype.dtype;
+      known = true;
+    }
+  }
+  if (!known) fail(path, where + ": unknown dtype \"" + entry.dtype_name + "\" (expected F32, BF16, F16, ...)");
+  if (!value.at("shape").is_array()) fail(path, where + ": shape is not a list");
+  for (const auto& extent : value.at("shape")) {
+    if (!extent.is_number_unsigned()) fail(path, where + ": shape holds " + extent.dump() + ", expected sizes >= 0");
+    entry.shape.push_back(extent.get<int64_t>());
+  }
+  const auto& offsets = value.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    fail(path, where + ": data_offsets is " + offsets.dump() + ", expected [begin, end]");
+  }
+  entry.begin = offsets[0].get<uint64_t>();
+  entry.end = offsets[1].get<uint64_t>();
+  if (entry.begin > entry.end || entry.end > data_bytes) {
+    fail(path, where + ": data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
+                   "] fall outside the data section of " + std::to_string(data_bytes) + " bytes (file offset " +
+                   std::to_string(data_start) + "; truncated file?)");
+  }
+  const int64_t elements = std::accumulate(entry.shape.begin(), entry.shape.end(), int64_t{1}, std::multiplies<>());
+  const uint64_t expected = static_cast<uint64_t>(elements) * c10::elementSize(entry.dtype);
+  if (entry.end - entry.begin != expected) {
+    fail(path, where + ": " + std::to_string(entry.end - entry.begin) + " bytes for shape " +
+                   dapo::shape_string(entry.shape) + " of " + entry.dtype_name + ", expected " +
+                   std::to_string(expected));
+  }
+  return entry;
 }
 
 }  // namespace
@@ -93,45 +138,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
       }
       continue;
     }
-    const std::string where = "tensor \"" + name + "\"";
-    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
-      fail(path, where + " lacks dtype, shape or data_offsets");
-    }
-    SafetensorsEntry entry;
-    entry.name = name;
-    if (!value.at("dtype").is_string()) fail(path, where + ": dtype is not a string");
-    entry.dtype_name = value.at("dtype").get<std::string>();
-    bool known = false;
-    for (const auto& dtype : kDtypes) {
-      if (entry.dtype_name == dtype.name) {
-        entry.dtype = dtype.dtype;
-        known = true;
-      }
-    }
-    if (!known) fail(path, where + ": unknown dtype \"" + entry.dtype_name + "\" (expected F32, BF16, F16, ...)");
-    if (!value.at("shape").is_array()) fail(path, where + ": shape is not a list");
-    for (const auto& extent : value.at("shape")) {
-      if (!extent.is_number_unsigned()) fail(path, where + ": shape holds " + extent.dump() + ", expected sizes >= 0");
-      entry.shape.push_back(extent.get<int64_t>());
-    }
-    const auto& offsets = value.at("data_offsets");
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned()) {
-      fail(path, where + ": data_offsets is " + offsets.dump() + ", expected [begin, end]");
-    }
-    entry.begin = offsets[0].get<uint64_t>();
-    entry.end = offsets[1].get<uint64_t>();
-    if (entry.begin > entry.end || entry.end > data_bytes) {
-      fail(path, where + ": data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
-                     "] fall outside the data section of " + std::to_string(data_bytes) + " bytes (file offset " +
-                     std::to_string(file.data_start_) + "; truncated file?)");
-    }
-    const int64_t elements = std::accumulate(entry.shape.begin(), entry.shape.end(), int64_t{1}, std::multiplies<>());
-    const uint64_t expected = static_cast<uint64_t>(elements) * c10::elementSize(entry.dtype);
-    if (entry.end - entry.begin != expected) {
-      fail(path, where + ": " + std::to_string(entry.end - entry.begin) + " bytes for shape " + shape_text(entry.shape) +
-                     " of " + entry.dtype_name + ", expected " + std::to_string(expected));
-    }
+    SafetensorsEntry entry = parse_entry(path, name, value, file.data_start_, data_bytes);
     ranges.emplace_back(entry.begin, entry.end);
     file.entries_.push_back(std::move(entry));
   }
@@ -202,7 +209,9 @@ void write_safetensors(const std::filesystem::path& path,
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    if (!names.insert(name).second) throw std::invalid_argument(path.string() + ": tensor name \"" + name + "\" repeats");
+    if (!names.insert(name).second) {
+      throw std::invalid_argument(path.string() + ": tensor name \"" + name + "\" repeats");
+    }
     torch::Tensor data = tensor.detach().to(torch::kCPU).contiguous();
     const uint64_t bytes = static_cast<uint64_t>(data.numel()) * data.element_size();
     header[name] = {{"dtype", safetensors_dtype_name(data.scalar_type())},
@@ -215,19 +224,14 @@ void write_safetensors(const std::filesystem::path& path,
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
   const uint64_t header_bytes = header_text.size();
 
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error(temporary.string() + ": cannot open for writing (is the directory writable?)");
+  write_file_atomically(path, [&](std::ostream& out) {
     out.write(reinterpret_cast<const char*>(&header_bytes), 8);
     out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
     for (const auto& data : contiguous) {
-      out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.numel() * data.element_size()));
+      out.write(static_cast<const char*>(data.data_ptr()),
+                static_cast<std::streamsize>(data.numel() * data.element_size()));
     }
-    out.flush();
-    if (!out) throw std::runtime_error(temporary.string() + ": write failed (disk full?)");
-  }
-  std::filesystem::rename(temporary, path);
+  });
 }
 
 }  // namespace qwen

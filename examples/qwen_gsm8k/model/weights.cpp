@@ -1,11 +1,14 @@
 // Loading and saving weights in the Hugging Face layout (single file or sharded), checked against the model.
 #include "qwen_gsm8k/model/weights.hpp"
 
+#include <dapo/core/error.hpp>
+
 #include <fstream>
 #include <map>
 #include <set>
 #include <stdexcept>
 
+#include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/model/safetensors.hpp"
 
 namespace qwen {
@@ -13,12 +16,6 @@ namespace {
 
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
-
-std::string shape_text(torch::IntArrayRef shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
 
 // The safetensors files of a checkpoint directory, with the tensors each should hold (empty: whatever it holds).
 std::map<std::filesystem::path, std::set<std::string>> checkpoint_files(const std::filesystem::path& dir) {
@@ -93,7 +90,8 @@ void load_weights(Qwen2ForCausalLM& model, const std::filesystem::path& dir, con
       if (parameter == parameters.end()) {
         if (options.allow_unexpected) continue;
         throw std::runtime_error(path.string() + ": unexpected tensor \"" + entry.name + "\" (the model has no such " +
-                                 "parameter" + (entry.name == "lm_head.weight" ? "; the config ties the embeddings" : "") +
+                                 "parameter" +
+                                 (entry.name == "lm_head.weight" ? "; the config ties the embeddings" : "") +
                                  "; LoadOptions::allow_unexpected skips it)");
       }
       if (!loaded.insert(entry.name).second) {
@@ -105,8 +103,9 @@ void load_weights(Qwen2ForCausalLM& model, const std::filesystem::path& dir, con
       }
       if (parameter->second.sizes() != torch::IntArrayRef(entry.shape)) {
         throw std::runtime_error(path.string() + ": tensor \"" + entry.name + "\" has shape " +
-                                 shape_text(entry.shape) + " but the config makes it " +
-                                 shape_text(parameter->second.sizes()) + " (config.json and weights disagree)");
+                                 dapo::shape_string(entry.shape) + " but the config makes it " +
+                                 dapo::shape_string(parameter->second.sizes().vec()) +
+                                 " (config.json and weights disagree)");
       }
       copy_released(file, entry, parameter->second);
     }
@@ -139,7 +138,7 @@ void save_model(Qwen2ForCausalLM& model, const std::filesystem::path& dir, const
   if (parameters.size() > 0) {
     config.torch_dtype = parameters[0].value().scalar_type() == torch::kBFloat16 ? "bfloat16"
                          : parameters[0].value().scalar_type() == torch::kHalf   ? "float16"
-                                                                                   : "float32";
+                                                                                 : "float32";
   }
   write_file_atomically(dir / "config.json", config.to_json().dump(2) + "\n");
 

@@ -57,8 +57,4 @@ std::vector<std::filesystem::path> write_comparison(const std::filesystem::path&
 void write_report(const std::filesystem::path& output_dir, const std::vector<nlohmann::json>& metrics,
                   const std::vector<nlohmann::json>& evals, const nlohmann::json& summary);
 
-// One JSON object per non-blank line (metrics.jsonl, eval.jsonl). A line that is not a JSON object throws
-// std::runtime_error "<path>:<line>: ..."; a file that cannot be opened throws naming the path.
-std::vector<nlohmann::json> read_json_lines(const std::filesystem::path& path);
-
 }  // namespace qwen

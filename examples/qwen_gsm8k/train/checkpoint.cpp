@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "qwen_gsm8k/model/config.hpp"
+#include "qwen_gsm8k/common/atomic_file.hpp"
 
 namespace qwen {
 namespace {

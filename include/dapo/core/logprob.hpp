@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "dapo/core/error.hpp"
-#include "dapo/core/loss.hpp"
+#include "dapo/core/parallel.hpp"
 #include "dapo/core/simd.hpp"
 
 namespace dapo {

@@ -10,6 +10,8 @@
 //   pg    = min(pg, -A * dual_clip)            only where A < 0 and dual_clip > 0 (dual-clip PPO)
 // The aggregation turns pg [B, T] into one number; every mode is a per-row weight w_b times the masked token sum,
 // loss = sum_b w_b * sum_t mask[b,t] * pg[b,t], which is what lets one pass produce the loss and its gradient.
+// A micro-batch of a larger mini-batch computes its exact share of the mini-batch's loss when the batch-wide part of
+// w_b comes from the whole mini-batch (the global_* options; <dapo/core/accumulation.hpp> fills them in).
 #pragma once
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "dapo/core/error.hpp"
+#include "dapo/core/parallel.hpp"
 #include "dapo/core/simd.hpp"
 
 namespace dapo {
@@ -32,7 +35,7 @@ namespace dapo {
 // How per-token losses become the scalar loss. Explicit, never implied (verl: loss_agg_mode; TRL: loss_type).
 enum class LossAggregation {
   kTokenMean,           // DAPO Eq. 8/12: sum over all tokens of the batch / token count ("token-mean", TRL "dapo")
-  kGroupTokenMean,      // per group of group_size rows: token sum / token count, then mean over groups (seed, literal Eq. 8)
+  kGroupTokenMean,      // per group of group_size rows: token sum / token count, then mean over groups (seed, Eq. 8)
   kSeqMeanTokenMean,    // GRPO: mean over responses of the response's token mean ("seq-mean-token-mean", TRL "grpo")
   kSeqMeanTokenSum,     // mean over responses of the response's token sum ("seq-mean-token-sum")
   kSeqMeanTokenSumNorm  // Dr. GRPO: token sum / (norm_length * rows) ("seq-mean-token-sum-norm", TRL "dr_grpo")
@@ -42,9 +45,15 @@ struct PolicyLossOptions {
   double clip_low = 0.2, clip_high = 0.28;  // decoupled clip (Clip-Higher): epsilon_low, epsilon_high of Eq. 10
   double dual_clip = 0.0;                   // c > 1 bounds the loss of A < 0 tokens at -A*c; 0 disables
   LossAggregation aggregation = LossAggregation::kTokenMean;
-  int64_t group_size = 0;             // required by kGroupTokenMean
-  double norm_length = 0.0;           // kSeqMeanTokenSumNorm divisor per row; 0 means T
-  double global_token_count = 0.0;    // kTokenMean over micro-batches or ranks: divide by this; 0 means mask.sum()
+  int64_t group_size = 0;    // required by kGroupTokenMean
+  double norm_length = 0.0;  // kSeqMeanTokenSumNorm divisor per row; 0 means this call's T
+  // The whole mini-batch's count that the aggregation divides by, when this call is one micro-batch (on one rank) of
+  // it; 0 means this call's own count. Each applies to its modes only and must be at least this call's own count.
+  // dapo::micro_batch_options sets the right one from the mini-batch's counts.
+  double global_token_count = 0.0;  // kTokenMean: masked tokens
+  double global_group_count = 0.0;  // kGroupTokenMean: groups of group_size rows
+  double global_row_count = 0.0;    // kSeqMeanTokenMean, kSeqMeanTokenSum: rows with a masked token;
+                                    // kSeqMeanTokenSumNorm: rows
 };
 
 // verl's loss_agg_mode names.
@@ -70,35 +79,68 @@ inline LossAggregation aggregation_from_name(std::string_view name) {
     if (known_name == name) return value;
     known += (known.empty() ? "" : ", ") + std::string(known_name);
   }
-  DAPO_REQUIRE(false, "dapo::aggregation_from_name", "unknown loss aggregation '", name, "', expected one of ",
-               known);
+  DAPO_REQUIRE(false, "dapo::aggregation_from_name", "unknown loss aggregation '", name, "', expected one of ", known);
   return {};
 }
 
 namespace detail {
 
-// The checks that need only the options and the batch height; both front ends call them.
+// A global_* count: finite, >= 0, and set only for the aggregations it applies to.
+inline void check_global_count(double count, const char* name, bool applies, LossAggregation aggregation,
+                               const char* description, const char* where) {
+  DAPO_REQUIRE(std::isfinite(count) && count >= 0.0, where, name, " is ", count,
+               ", expected a finite value >= 0 (0 = this call's own count)");
+  DAPO_REQUIRE(count == 0.0 || applies, where, name, " is ", count, " but aggregation is ",
+               aggregation_name(aggregation), "; ", description);
+}
+
+}  // namespace detail
+
+// The checks of PolicyLossOptions that need only the options and the height of the batch (rows) they will be used
+// with; both front ends call them first. `where` names the caller in the message ("dapo::policy_loss").
 inline void check_policy_loss_options(const PolicyLossOptions& options, int64_t rows, const char* where) {
   DAPO_REQUIRE(std::isfinite(options.clip_low) && options.clip_low >= 0.0 && options.clip_low <= 1.0, where,
-               "clip_low is ", options.clip_low, ", expected a value in [0, 1] (the ratio's lower bound is 1 - clip_low)");
-  DAPO_REQUIRE(std::isfinite(options.clip_high) && options.clip_high >= 0.0, where, "clip_high is ",
-               options.clip_high, ", expected a finite value >= 0");
+               "clip_low is ", options.clip_low,
+               ", expected a value in [0, 1] (the ratio's lower bound is 1 - clip_low)");
+  DAPO_REQUIRE(std::isfinite(options.clip_high) && options.clip_high >= 0.0, where, "clip_high is ", options.clip_high,
+               ", expected a finite value >= 0");
   DAPO_REQUIRE(options.dual_clip == 0.0 || (std::isfinite(options.dual_clip) && options.dual_clip > 1.0), where,
                "dual_clip is ", options.dual_clip, ", expected 0 (disabled) or a finite value > 1");
   DAPO_REQUIRE(std::isfinite(options.norm_length) && options.norm_length >= 0.0, where, "norm_length is ",
                options.norm_length, ", expected a finite value >= 0 (0 means T)");
-  DAPO_REQUIRE(std::isfinite(options.global_token_count) && options.global_token_count >= 0.0, where,
-               "global_token_count is ", options.global_token_count, ", expected a finite value >= 0 (0 = local count)");
-  DAPO_REQUIRE(options.global_token_count == 0.0 || options.aggregation == LossAggregation::kTokenMean, where,
-               "global_token_count is ", options.global_token_count, " but aggregation is ",
-               aggregation_name(options.aggregation), "; a global token count only applies to token-mean");
-  if (options.aggregation == LossAggregation::kGroupTokenMean) {
+  const LossAggregation mode = options.aggregation;
+  detail::check_global_count(options.global_token_count, "global_token_count", mode == LossAggregation::kTokenMean,
+                             mode, "a global token count only applies to token-mean", where);
+  detail::check_global_count(options.global_group_count, "global_group_count", mode == LossAggregation::kGroupTokenMean,
+                             mode, "a global group count only applies to group-token-mean", where);
+  detail::check_global_count(options.global_row_count, "global_row_count",
+                             mode == LossAggregation::kSeqMeanTokenMean || mode == LossAggregation::kSeqMeanTokenSum ||
+                                 mode == LossAggregation::kSeqMeanTokenSumNorm,
+                             mode,
+                             "a global row count only applies to seq-mean-token-mean, seq-mean-token-sum and "
+                             "seq-mean-token-sum-norm",
+                             where);
+  if (mode == LossAggregation::kGroupTokenMean) {
     DAPO_REQUIRE(options.group_size >= 1, where, "aggregation group-token-mean needs group_size >= 1, got ",
                  options.group_size);
-    DAPO_REQUIRE(rows % options.group_size == 0, where, "batch has ", rows, " rows, which group_size = ",
-                 options.group_size, " does not divide (group-token-mean)");
+    DAPO_REQUIRE(rows % options.group_size == 0, where, "batch has ", rows,
+                 " rows, which group_size = ", options.group_size, " does not divide (group-token-mean)");
+    const int64_t groups = rows / options.group_size;
+    DAPO_REQUIRE(options.global_group_count == 0.0 || options.global_group_count >= static_cast<double>(groups), where,
+                 "global_group_count is ", options.global_group_count, " but this batch alone holds ", groups,
+                 " groups (", rows, " rows / group_size ", options.group_size, ")");
+  }
+  // The seq-mean modes count rows with a masked token, which only the data pass knows (finish_policy_loss).
+  if (mode == LossAggregation::kSeqMeanTokenSumNorm) {
+    DAPO_REQUIRE(options.global_row_count == 0.0 || options.global_row_count >= static_cast<double>(rows), where,
+                 "global_row_count is ", options.global_row_count, " but this batch alone holds ", rows, " rows");
   }
 }
+
+namespace detail {
+
+// Kept for callers written before check_policy_loss_options was public.
+using dapo::check_policy_loss_options;
 
 // One token (or one SIMD register of tokens) of the clipped objective: its loss, d loss / d logp, and which clips
 // decided it, in the arithmetic of Math (<dapo/core/simd.hpp>: Scalar<double>, Scalar<float>, FloatVector).
@@ -113,7 +155,8 @@ struct TokenTerms {
 };
 
 template <class Math, bool kDualClip, class V = typename Math::Value>
-DAPO_HOST_DEVICE DAPO_INLINE TokenTerms<V> clipped_token(V log_ratio, V advantage, V low, V high, V dual_clip) {
+DAPO_HOST_DEVICE DAPO_INLINE TokenTerms<V> clipped_token(const V& log_ratio, const V& advantage, const V& low,
+                                                         const V& high, const V& dual_clip) {
   const V bound = Math::splat(20.0), zero = Math::splat(0.0), one = Math::splat(1.0);
   const auto log_ratio_inside = (log_ratio >= -bound) & (log_ratio <= bound);
   const V bounded = Math::select(log_ratio < -bound, -bound, Math::select(log_ratio > bound, bound, log_ratio));
@@ -187,14 +230,6 @@ struct PolicyLossSums {
   }
 };
 
-// Runs body(first, last) over [0, count); front ends substitute their thread pool (at::parallel_for).
-struct SerialFor {
-  template <class Body>
-  void operator()(int64_t count, const Body& body) const {
-    if (count > 0) body(0, count);
-  }
-};
-
 }  // namespace core
 
 namespace detail {
@@ -234,16 +269,15 @@ struct RowVariant {
 
 template <class Math, class Variant, bool kPartial, class T, class A, class M, class G>
 DAPO_INLINE void loss_lanes(const T* logp, const T* old_logp, const A* advantages, const M* mask,
-                            typename Math::Value row_advantage, int64_t t, int64_t lanes, typename Math::Value low,
-                            typename Math::Value high, typename Math::Value dual_clip, G* grad,
-                            ChunkSums<Math>& sums) {
+                            const typename Math::Value& row_advantage, int64_t t, int64_t lanes,
+                            const typename Math::Value& low, const typename Math::Value& high,
+                            const typename Math::Value& dual_clip, G* grad, ChunkSums<Math>& sums) {
   using V = typename Math::Value;
   const V m = load_lanes<Math, kPartial>(mask + t, lanes);
   V advantage = row_advantage;
   if constexpr (Variant::kPerTokenAdvantage) advantage = load_lanes<Math, kPartial>(advantages + t, lanes);
   const V log_ratio = load_lanes<Math, kPartial>(logp + t, lanes) - load_lanes<Math, kPartial>(old_logp + t, lanes);
-  const auto token =
-      dapo::detail::clipped_token<Math, Variant::kDualClip>(log_ratio, advantage, low, high, dual_clip);
+  const auto token = dapo::detail::clipped_token<Math, Variant::kDualClip>(log_ratio, advantage, low, high, dual_clip);
   // A masked-out token contributes exactly 0, even when its inputs are garbage (padding may hold NaN).
   const V zero = Math::splat(0.0), one = Math::splat(1.0);
   const auto on = m != zero;
@@ -280,8 +314,8 @@ DAPO_INLINE bool loss_row_variant(const core::PolicyLossInputs<T, A, M>& in, int
     ChunkSums<Math> chunk;
     int64_t t = start;
     for (; t + kLanes <= stop; t += kLanes) {
-      loss_lanes<Math, Variant, false>(logp, old_logp, advantages, mask, row_advantage, t, kLanes, low, high,
-                                       dual_clip, grad_row, chunk);
+      loss_lanes<Math, Variant, false>(logp, old_logp, advantages, mask, row_advantage, t, kLanes, low, high, dual_clip,
+                                       grad_row, chunk);
     }
     if (t < stop) {
       loss_lanes<Math, Variant, true>(logp, old_logp, advantages, mask, row_advantage, t, stop - t, low, high,
@@ -321,7 +355,8 @@ DAPO_INLINE bool loss_row(const core::PolicyLossInputs<T, A, M>& in, int64_t row
     }
     return loss_row_variant<Math, WithDualClipNoGrad>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
   }
-  if (grad != nullptr) return loss_row_variant<Math, Plain>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
+  if (grad != nullptr)
+    return loss_row_variant<Math, Plain>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
   return loss_row_variant<Math, PlainNoGrad>(in, row, low_bound, high_bound, dual_clip, grad, sums, bad_col);
 }
 
@@ -338,7 +373,8 @@ struct LossRowKernel {
 
 inline std::string empty_group_message(const char* where, int64_t group, int64_t group_size) {
   return dapo::detail::concat(where, ": group ", group, " (rows ", group * group_size, "..",
-                              (group + 1) * group_size - 1, ") has no masked token; group-token-mean is undefined for it");
+                              (group + 1) * group_size - 1,
+                              ") has no masked token; group-token-mean is undefined for it");
 }
 
 template <class G>
@@ -352,12 +388,19 @@ void scale_rows(G* grad, int64_t first_row, int64_t last_row, int64_t cols, doub
 
 namespace core {
 
-// The loss, the metrics and grad_scale from the weighted sums of a whole batch (any device's kernel).
+// The loss, the metrics and grad_scale from the weighted sums of a whole batch (any device's kernel). grad_scale is
+// the batch-wide factor of the aggregation: 1 / the count it divides by, this call's own or the options' global one.
 inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, int64_t rows, int64_t cols,
                                                  const PolicyLossOptions& options, const char* where) {
   DAPO_REQUIRE(options.global_token_count == 0.0 || options.global_token_count >= total.tokens, where,
                "global_token_count is ", options.global_token_count, " but this batch alone holds ", total.tokens,
                " masked tokens");
+  const bool seq_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean ||
+                        options.aggregation == LossAggregation::kSeqMeanTokenSum;
+  DAPO_REQUIRE(!seq_mean || options.global_row_count == 0.0 ||
+                   options.global_row_count >= static_cast<double>(total.nonempty_rows),
+               where, "global_row_count is ", options.global_row_count, " but this batch alone holds ",
+               total.nonempty_rows, " rows with a masked token");
   double scale = 0.0;
   switch (options.aggregation) {
     case LossAggregation::kTokenMean: {
@@ -366,15 +409,25 @@ inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, in
       break;
     }
     case LossAggregation::kGroupTokenMean:
-      scale = rows > 0 ? static_cast<double>(options.group_size) / static_cast<double>(rows) : 0.0;
+      if (options.global_group_count > 0.0) {
+        scale = 1.0 / options.global_group_count;
+      } else {
+        scale = rows > 0 ? static_cast<double>(options.group_size) / static_cast<double>(rows) : 0.0;
+      }
       break;
     case LossAggregation::kSeqMeanTokenMean:
-    case LossAggregation::kSeqMeanTokenSum:
-      scale = total.nonempty_rows > 0 ? 1.0 / static_cast<double>(total.nonempty_rows) : 0.0;
+    case LossAggregation::kSeqMeanTokenSum: {
+      const double denominator =
+          options.global_row_count > 0.0 ? options.global_row_count : static_cast<double>(total.nonempty_rows);
+      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
       break;
+    }
     case LossAggregation::kSeqMeanTokenSumNorm: {
       const double norm_length = options.norm_length > 0.0 ? options.norm_length : static_cast<double>(cols);
-      scale = rows > 0 ? 1.0 / (norm_length * static_cast<double>(rows)) : 0.0;
+      const double row_count = options.global_row_count > 0.0 ? options.global_row_count : static_cast<double>(rows);
+      // 0 when the batch has no row or no column (nothing to average), never 1/0.
+      const double denominator = norm_length * row_count;
+      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
       break;
     }
   }
@@ -393,7 +446,7 @@ inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, in
 // The fused policy loss: one pass over the inputs writes the raw gradient (when raw_grad is not null) and returns the
 // loss, the metrics and grad_scale (d loss / d logp = raw_grad * grad_scale). The per-row part of each aggregation's
 // weight (1 / response tokens, 1 / group tokens) is applied while the row or group is still in cache.
-// Checks the data (mask values, empty groups, global token count); the caller has checked shapes and options.
+// Checks the data (mask values, empty groups, global token and row counts); the caller has checked shapes and options.
 // float_lanes: the SIMD width for float compute (0: the widest this CPU runs; 4, 8, 16 to force one, for tests).
 template <class C, class T, class A, class M, class G, class ParallelFor = SerialFor>
 PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
@@ -421,12 +474,10 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
           PolicyLossSums row_sums;
           int64_t bad_col = 0;
           const bool ok = in.per_token_advantages
-                              ? simd::run<C, detail::LossRowKernel<true>>(lanes, in, row, low, high,
-                                                                          options.dual_clip, raw_grad, row_sums,
-                                                                          bad_col)
-                              : simd::run<C, detail::LossRowKernel<false>>(lanes, in, row, low, high,
-                                                                           options.dual_clip, raw_grad, row_sums,
-                                                                           bad_col);
+                              ? simd::run<C, detail::LossRowKernel<true>>(lanes, in, row, low, high, options.dual_clip,
+                                                                          raw_grad, row_sums, bad_col)
+                              : simd::run<C, detail::LossRowKernel<false>>(lanes, in, row, low, high, options.dual_clip,
+                                                                           raw_grad, row_sums, bad_col);
           if (!ok) {
             const M value = in.mask[row * in.cols + bad_col];
             block_sums.error = dapo::detail::concat(where, ": mask[", row, ", ", bad_col, "] is ",
@@ -479,10 +530,10 @@ PolicyLossResult policy_loss(std::span<const T> logp, std::span<const T> old_log
                "advantages has ", advantages.size(), " elements, expected B = ", rows, " or B * T = ", size);
   DAPO_REQUIRE(grad_logp.empty() || grad_logp.size() == size, kWhere, "grad_logp has ", grad_logp.size(),
                " elements, expected 0 (no gradient) or ", size);
-  dapo::detail::check_policy_loss_options(options, rows, kWhere);
+  dapo::check_policy_loss_options(options, rows, kWhere);
 
-  const PolicyLossInputs<T, T, T> inputs{logp.data(), old_logp.data(), advantages.data(), mask.data(), rows, cols,
-                                         advantages.size() == size && cols != 1};
+  const PolicyLossInputs<T, T, T> inputs{
+      logp.data(), old_logp.data(), advantages.data(), mask.data(), rows, cols, advantages.size() == size && cols != 1};
   T* grad = grad_logp.empty() ? nullptr : grad_logp.data();
   const auto out = policy_loss_kernel<T>(inputs, options, grad, kWhere);
   detail::scale_rows(grad, 0, rows, cols, out.grad_scale);

@@ -3,8 +3,8 @@
 // once against the policy interface runs with either; not a general SIMD library.
 //
 // Policy interface: Value, kLanes, splat(x), select(mask, a, b), exp(v), load<T>(p), load_partial<T>(p, n),
-// store(p, v), store_partial(p, v, n), sum(v) and max(v) across lanes (as double). Comparisons and + - * come from the language.
-// FloatVector<kLanes> holds 4, 8 or 16 floats; kernels pick the width at run time from the CPU (see
+// store(p, v), store_partial(p, v, n), sum(v) and max(v) across lanes (as double). Comparisons and + - * come from the
+// language. FloatVector<kLanes> holds 4, 8 or 16 floats; kernels pick the width at run time from the CPU (see
 // <dapo/core/loss.hpp>), so a portable build still uses AVX2 or AVX-512 where the machine has them.
 #pragma once
 
@@ -18,9 +18,9 @@
 #include "dapo/core/error.hpp"
 
 // "float_lanes is 3, expected 0 (the widest this CPU runs), 1, 4, 8 or 16 that this CPU runs (at most 8)"
-#define DAPO_SIMD_REQUIRE(condition, where, requested)                                                          \
-  DAPO_REQUIRE(condition, where, "float_lanes is ", requested,                                                  \
-               ", expected 0 (the widest this CPU runs), 1, 4, 8 or 16 that this CPU runs (at most ",          \
+#define DAPO_SIMD_REQUIRE(condition, where, requested)                                                \
+  DAPO_REQUIRE(condition, where, "float_lanes is ", requested,                                        \
+               ", expected 0 (the widest this CPU runs), 1, 4, 8 or 16 that this CPU runs (at most ", \
                ::dapo::simd::widest_float_lanes(), ")")
 
 #if defined(__CUDACC__)
@@ -70,9 +70,11 @@ struct Scalar {
 #if defined(__GNUC__) && !defined(__CUDACC__)
 #define DAPO_HAVE_FLOAT_VECTOR 1
 
-// Wide vector types in signatures trigger GCC's note that their ABI depends on -mavx; every function here is
-// always inlined into its caller, so no such ABI boundary exists. GCC emits the note for template instantiations at
-// the end of the translation unit, so only -Wpsabi stays off after this header.
+// GCC's -Wpsabi: a function that returns a wide vector (FloatVector<8>, <16>) "changes the ABI" unless the translation
+// unit enables AVX. No such ABI boundary exists, as every function here is always inlined into its caller. GCC
+// reports these for template instantiations at the end of the translation unit, so the warning has to stay off from
+// here to the end of it: a pragma, not a flag that consumers inherit. Its other form, a note about the alignment of
+// wide by-value parameters, cannot be silenced by a pragma; wide vectors are passed by const reference instead.
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
@@ -110,7 +112,7 @@ struct FloatVector {
 
   DAPO_INLINE static Value splat(double x) { return Value{} + static_cast<float>(x); }
 
-  DAPO_INLINE static Value select(Bits mask, Value a, Value b) {
+  DAPO_INLINE static Value select(const Bits& mask, const Value& a, const Value& b) {
 #if defined(__clang__)
     return std::bit_cast<Value>((std::bit_cast<Bits>(a) & mask) | (std::bit_cast<Bits>(b) & ~mask));
 #else
@@ -120,7 +122,7 @@ struct FloatVector {
 
   // exp with a relative error below 1e-7 (Cephes expf: 2^n * p(r), |r| <= ln2 / 2) for x in [-87, 88], which is all
   // dapo's kernels pass (log-ratios are clamped to [-20, 20] first); NaN stays NaN.
-  DAPO_INLINE static Value exp(Value x) {
+  DAPO_INLINE static Value exp(const Value& x) {
     const Bits is_number = x == x;
     const Value v = select(is_number, x, splat(0.0));
     const Value scaled = v * 1.44269504088896341f;
@@ -177,7 +179,7 @@ struct FloatVector {
     return v;
   }
   template <class G>
-  DAPO_INLINE static void store(G* p, Value v) {
+  DAPO_INLINE static void store(G* p, const Value& v) {
     if constexpr (std::is_same_v<G, float>) {
       std::memcpy(p, &v, sizeof v);
     } else {
@@ -185,15 +187,15 @@ struct FloatVector {
     }
   }
   template <class G>
-  DAPO_INLINE static void store_partial(G* p, Value v, int64_t n) {
+  DAPO_INLINE static void store_partial(G* p, const Value& v, int64_t n) {
     for (int64_t i = 0; i < n; ++i) p[i] = static_cast<G>(v[i]);
   }
-  DAPO_INLINE static double sum(Value v) {
+  DAPO_INLINE static double sum(const Value& v) {
     double total = 0.0;
     for (int i = 0; i < kLanes; ++i) total += v[i];
     return total;
   }
-  DAPO_INLINE static double max(Value v) {
+  DAPO_INLINE static double max(const Value& v) {
     double largest = v[0];
     for (int i = 1; i < kLanes; ++i) largest = v[i] > largest ? v[i] : largest;
     return largest;

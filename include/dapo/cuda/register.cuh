@@ -1,6 +1,7 @@
-// Connects the CUDA policy-loss kernel to dapo::policy_loss: include this from exactly one .cu file of a program that
-// links LibTorch with CUDA (the dapo::cuda CMake target does it for you). Tensors on CUDA then run fused; without it
-// they run the composite <dapo/reference/loss.hpp>.
+// Connects the CUDA policy-loss kernel to dapo::policy_loss: include this from one .cu file of a program that links
+// LibTorch with CUDA. The dapo::cuda CMake target does it for you: built with dapo (add_subdirectory), or compiled into
+// your target by find_package(dapo COMPONENTS torch cuda). Tensors on CUDA then run fused; without it they run the
+// composite <dapo/reference/loss.hpp>.
 //
 // Shapes: as <dapo/loss.hpp>. The kernel's per-unit sums come back to the host (B x 56 bytes) and are added there in
 // unit order, which keeps results deterministic and lets bad masks raise the same errors as on CPU.
@@ -16,8 +17,7 @@
 namespace dapo::cuda {
 
 inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor& logp, const torch::Tensor& old_logp,
-                                                            const torch::Tensor& advantages,
-                                                            const torch::Tensor& mask,
+                                                            const torch::Tensor& advantages, const torch::Tensor& mask,
                                                             const PolicyLossOptions& options, torch::Tensor& raw_grad) {
   constexpr const char* kWhere = "dapo::policy_loss";
   const int64_t rows = logp.size(0), cols = logp.size(1);
@@ -30,8 +30,9 @@ inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor&
     using T = decltype(storage_tag);
     dapo::detail::visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
       using M = decltype(mask_tag);
-      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(), old_logp.data_ptr<T>(), advantages.data_ptr<C>(),
-                                                   mask.data_ptr<M>(), rows, cols, advantages.dim() == 2};
+      const core::PolicyLossInputs<T, C, M> inputs{
+          logp.data_ptr<T>(),   old_logp.data_ptr<T>(), advantages.data_ptr<C>(), mask.data_ptr<M>(), rows, cols,
+          advantages.dim() == 2};
       status = launch_policy_loss<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
                                      reinterpret_cast<UnitSums*>(partials.data_ptr<double>()), stream);
     });

@@ -22,7 +22,7 @@ struct PolicyLossOutput {
 namespace detail {
 
 // Shapes, dtypes, devices and options: O(1) checks, done before any arithmetic. The data checks (mask values, empty
-// groups, the global token count) need a pass over the mask; the fused kernel makes them during its own pass.
+// groups, the global token and row counts) need a pass over the mask; the fused kernel makes them during its own pass.
 inline void check_policy_loss_inputs(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                      const torch::Tensor& advantages, const torch::Tensor& mask,
                                      const PolicyLossOptions& options, const char* where) {
@@ -52,7 +52,7 @@ inline void check_policy_loss_inputs(const torch::Tensor& logp, const torch::Ten
 }
 
 // The data checks as tensor ops, for the composite path: mask values 0/1, a token in every group under
-// group-token-mean, a global token count no smaller than this batch's.
+// group-token-mean, global token and row counts no smaller than this batch's.
 inline void check_policy_loss_data(const torch::Tensor& mask, const PolicyLossOptions& options, const char* where) {
   if (mask.is_floating_point()) {
     const std::string bad = first_true_index((mask != 0) & (mask != 1));
@@ -73,6 +73,13 @@ inline void check_policy_loss_data(const torch::Tensor& mask, const PolicyLossOp
     const double local = mask_values.sum().item<double>();
     DAPO_REQUIRE(options.global_token_count >= local, where, "global_token_count is ", options.global_token_count,
                  " but this batch alone holds ", local, " masked tokens");
+  }
+  const bool seq_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean ||
+                        options.aggregation == LossAggregation::kSeqMeanTokenSum;
+  if (seq_mean && options.global_row_count > 0.0) {
+    const auto local = (mask_values.sum(1) > 0).sum().item<int64_t>();
+    DAPO_REQUIRE(options.global_row_count >= static_cast<double>(local), where, "global_row_count is ",
+                 options.global_row_count, " but this batch alone holds ", local, " rows with a masked token");
   }
 }
 

@@ -49,23 +49,32 @@ inline PolicyLossOutput composite_policy_loss(const torch::Tensor& logp, const t
       break;
     case LossAggregation::kGroupTokenMean: {
       const int64_t group_cols = options.group_size * cols;
-      loss = (masked.reshape({-1, group_cols}).sum(1) / weights.reshape({-1, group_cols}).sum(1)).mean();
+      const torch::Tensor group_means =
+          masked.reshape({-1, group_cols}).sum(1) / weights.reshape({-1, group_cols}).sum(1);
+      loss = options.global_group_count > 0.0 ? group_means.sum() / options.global_group_count : group_means.mean();
       break;
     }
     case LossAggregation::kSeqMeanTokenMean: {
       const torch::Tensor row_tokens = weights.sum(1);
       const torch::Tensor nonempty = (row_tokens > 0).to(per_token.scalar_type());
-      loss = (masked.sum(1) / row_tokens.clamp_min(1.0) * nonempty).sum() / nonempty.sum().clamp_min(1.0);
+      const torch::Tensor row_mean_sum = (masked.sum(1) / row_tokens.clamp_min(1.0) * nonempty).sum();
+      loss = options.global_row_count > 0.0 ? row_mean_sum / options.global_row_count
+                                            : row_mean_sum / nonempty.sum().clamp_min(1.0);
       break;
     }
     case LossAggregation::kSeqMeanTokenSum: {
       const torch::Tensor nonempty = (weights.sum(1) > 0).to(per_token.scalar_type());
-      loss = masked.sum() / nonempty.sum().clamp_min(1.0);
+      loss = options.global_row_count > 0.0 ? masked.sum() / options.global_row_count
+                                            : masked.sum() / nonempty.sum().clamp_min(1.0);
       break;
     }
     case LossAggregation::kSeqMeanTokenSumNorm: {
       const double norm_length = options.norm_length > 0.0 ? options.norm_length : static_cast<double>(cols);
-      loss = masked.sum() / (norm_length * static_cast<double>(std::max<int64_t>(rows, 1)));
+      const double row_count =
+          options.global_row_count > 0.0 ? options.global_row_count : static_cast<double>(std::max<int64_t>(rows, 1));
+      const double denominator = norm_length * row_count;
+      // No column at all: the sum is 0 and so is the loss (not 0/0).
+      loss = denominator > 0.0 ? masked.sum() / denominator : masked.sum() * 0.0;
       break;
     }
   }

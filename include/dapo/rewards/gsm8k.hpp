@@ -9,8 +9,8 @@
 //   format:  ^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>\n$ with re.match (`.` stops at \n; `$` also matches
 //            before one final \n): exactly one line of thinking and one line of answer.
 // AnswerMode::kLenient: numbers may carry a leading minus and thousands separators ("1,080" -> "1080"); Unicode digits
-//   become ASCII; decimals drop trailing zeros ("72.50" -> "72.5", "72.0" -> "72"); the reference is normalised the same
-//   way before comparing; the format reward accepts any number of lines inside <think>.
+//   become ASCII; decimals drop trailing zeros ("72.50" -> "72.5", "72.0" -> "72"); the reference is normalised the
+//   same way before comparing; the format reward accepts any number of lines inside <think>.
 #pragma once
 
 #include <array>
@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "dapo/core/error.hpp"
+#include "dapo/core/utf8.hpp"
 
 namespace dapo::gsm8k {
 
@@ -63,17 +64,13 @@ inline std::optional<Digit> digit_at(std::string_view text, std::size_t pos) {
     if (byte >= '0' && byte <= '9') return Digit{byte - '0', 1};
     return std::nullopt;
   }
-  // Decode one UTF-8 sequence; anything malformed is not a digit.
-  std::size_t length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 0;
-  if (length == 0 || pos + length > text.size()) return std::nullopt;
-  char32_t code_point = byte & (0x7F >> length);
-  for (std::size_t i = 1; i < length; ++i) {
-    const auto continuation = static_cast<unsigned char>(text[pos + i]);
-    if ((continuation & 0xC0) != 0x80) return std::nullopt;
-    code_point = (code_point << 6) | (continuation & 0x3F);
-  }
+  // Malformed UTF-8 is not a digit: Python sees such bytes as U+FFFD.
+  const utf8::Sequence sequence = utf8::decode(text, pos);
+  if (!sequence.valid) return std::nullopt;
   for (const auto& [first, last] : kDecimalDigitRanges) {
-    if (code_point >= first && code_point <= last) return Digit{static_cast<int>((code_point - first) % 10), length};
+    if (sequence.code_point >= first && sequence.code_point <= last) {
+      return Digit{static_cast<int>((sequence.code_point - first) % 10), sequence.length};
+    }
   }
   return std::nullopt;
 }

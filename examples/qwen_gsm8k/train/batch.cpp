@@ -1,0 +1,85 @@
+// Padded batches and their log-probs.
+#include "qwen_gsm8k/train/batch.hpp"
+
+#include <dapo/logprob.hpp>
+
+#include <algorithm>
+
+#include "qwen_gsm8k/model/autocast.hpp"
+
+namespace qwen {
+
+PaddedBatch pad_rows(const std::vector<BatchRow>& rows, int64_t pad_id) {
+  int64_t longest = 0;
+  for (const auto& row : rows) longest = std::max<int64_t>(longest, static_cast<int64_t>(row.tokens.size()));
+  const auto count = static_cast<int64_t>(rows.size());
+  PaddedBatch batch;
+  batch.input_ids = torch::full({count, longest}, pad_id, torch::kInt64);
+  batch.attention_mask = torch::zeros({count, longest}, torch::kInt64);
+  batch.loss_mask = torch::zeros({count, longest - 1}, torch::kBool);
+  for (int64_t r = 0; r < count; ++r) {
+    const BatchRow& row = rows[static_cast<std::size_t>(r)];
+    const auto length = static_cast<int64_t>(row.tokens.size());
+    batch.input_ids[r].narrow(0, 0, length).copy_(torch::tensor(row.tokens, torch::kInt64));
+    batch.attention_mask[r].narrow(0, 0, length).fill_(1);
+    const int64_t response = length - row.prompt_length;
+    if (row.in_loss && response > 0) batch.loss_mask[r].narrow(0, row.prompt_length - 1, response).fill_(true);
+  }
+  return batch;
+}
+
+TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_size, int64_t pad_id, bool mask_truncated,
+                             const dapo::AdvantageOptions& advantage) {
+  std::vector<BatchRow> rows;
+  std::vector<double> rewards;
+  for (const auto& group : groups) {
+    for (const auto& response : group.responses) {
+      BatchRow row{group.prompt, static_cast<int64_t>(group.prompt.size()), !(mask_truncated && response.truncated)};
+      row.tokens.insert(row.tokens.end(), response.ids.begin(), response.ids.end());
+      rows.push_back(std::move(row));
+      rewards.push_back(response.score.total);
+    }
+  }
+  TrainBatch batch;
+  batch.padded = pad_rows(rows, pad_id);
+  batch.groups = static_cast<int64_t>(groups.size());
+  batch.group_size = group_size;
+  batch.advantages =
+      dapo::group_advantages(torch::tensor(rewards, torch::kFloat64), group_size, advantage).to(torch::kFloat32);
+  return batch;
+}
+
+torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                              const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                              const LogprobOptions& options, double* entropy_sum) {
+  const auto device = model->lm_head_weight().device();
+  const torch::Tensor ids = input_ids.to(device), mask = attention_mask.to(device), targets_mask = loss_mask.to(device);
+  torch::Tensor hidden;
+  {
+    const AutocastGuard autocast(device, options.autocast);
+    hidden = model->hidden_states(ids, mask, position_ids_from_mask(mask));  // [B, L, H]
+  }
+  const int64_t steps = ids.size(1) - 1;
+  torch::Tensor selected = hidden.narrow(1, 0, steps).index({targets_mask});  // [N, H]
+  torch::Tensor lm_head = model->lm_head_weight();
+  if (options.autocast) {  // the lm-head product in the autocast dtype too; linear_logprobs keeps its softmax float32
+    selected = selected.to(*options.autocast);
+    lm_head = lm_head.to(*options.autocast);
+  }
+  const torch::Tensor targets = ids.narrow(1, 1, steps).index({targets_mask});  // [N]
+  const auto out = dapo::linear_logprobs(
+      selected, lm_head, targets,
+      {.chunk_size = options.chunk_size, .temperature = options.temperature, .with_entropy = entropy_sum != nullptr});
+  if (entropy_sum != nullptr) *entropy_sum += out.entropy.sum().item<double>();
+  return out.logp;
+}
+
+torch::Tensor response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                const LogprobOptions& options, double* entropy_sum) {
+  const torch::Tensor logp = target_logprobs(model, input_ids, attention_mask, loss_mask, options, entropy_sum);
+  const torch::Tensor targets_mask = loss_mask.to(logp.device());
+  return torch::zeros(targets_mask.sizes(), logp.options()).masked_scatter(targets_mask, logp);
+}
+
+}  // namespace qwen

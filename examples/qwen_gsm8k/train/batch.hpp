@@ -1,0 +1,66 @@
+// Padded training batches and the log-probs a policy gives them. The trainer and the demo's warm start build their
+// batches here, so both see the same rows, masks and log-probs.
+//
+// Shapes: B = rows (sequences), L = the longest prompt + response, N = target tokens in the loss mask.
+//   input_ids, attention_mask [B, L] int64, right-padded; loss_mask, old_logp [B, L - 1] (position t predicts t + 1).
+#pragma once
+
+#include <dapo/advantage.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "qwen_gsm8k/model/model.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
+
+namespace qwen {
+
+// One row: prompt + response tokens; the response's tokens are targets in the loss unless in_loss is false.
+struct BatchRow {
+  std::vector<int64_t> tokens;  // prompt then response
+  int64_t prompt_length = 0;
+  bool in_loss = true;
+};
+
+struct PaddedBatch {
+  torch::Tensor input_ids;       // [B, L] int64, pad_id after each row's end
+  torch::Tensor attention_mask;  // [B, L] int64
+  torch::Tensor loss_mask;       // [B, L - 1] bool: the target is a response token that counts in the loss
+};
+
+PaddedBatch pad_rows(const std::vector<BatchRow>& rows, int64_t pad_id);
+
+// The tensors of a DAPO step: every response as one row of prompt + response, groups consecutive.
+struct TrainBatch {
+  PaddedBatch padded;
+  torch::Tensor advantages;  // [B] float32
+  torch::Tensor old_logp;    // [B, L - 1] float32 (float64 for a float64 model), 0 outside loss_mask; set by the update
+  int64_t groups = 0, group_size = 0;
+};
+
+// mask_truncated: truncated responses stay in the batch (they count in their group's advantages) but out of the loss.
+TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_size, int64_t pad_id, bool mask_truncated,
+                             const dapo::AdvantageOptions& advantage);
+
+struct LogprobOptions {
+  double temperature = 1.0;                   // log-probs of softmax(logits / temperature)
+  int64_t chunk_size = 1024;                  // rows of lm-head logits alive at once (dapo::linear_logprobs)
+  std::optional<torch::ScalarType> autocast;  // forward (and the lm-head product) in this dtype
+};
+
+// Log-probs of the loss_mask targets under the model, [N] in loss_mask's row-major order, on the model's device; with
+// grad when grad mode is on. entropy_sum, when given, adds up the entropy at those positions.
+torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,  // [B, L]
+                              const torch::Tensor& attention_mask,                      // [B, L]
+                              const torch::Tensor& loss_mask,                           // [B, L - 1]
+                              const LogprobOptions& options, double* entropy_sum = nullptr);
+
+// The same, scattered back to [B, L - 1] with 0 outside loss_mask.
+torch::Tensor response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                const LogprobOptions& options, double* entropy_sum = nullptr);
+
+}  // namespace qwen

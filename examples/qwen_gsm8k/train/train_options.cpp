@@ -1,0 +1,120 @@
+// TrainOptions: the GRPO baseline, validation, the JSON record; the rollout settings they imply.
+#include "qwen_gsm8k/train/train_options.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace qwen {
+
+void TrainOptions::use_grpo_baseline() {
+  algorithm = Algorithm::kGrpo;
+  loss.clip_low = 0.2;
+  loss.clip_high = 0.2;
+  loss.aggregation = dapo::LossAggregation::kSeqMeanTokenMean;
+  dynamic_sampling = false;
+  rewards.overlong_cache = 0;
+}
+
+void TrainOptions::validate() const {
+  auto require = [](bool condition, const std::string& message) {
+    if (!condition) throw std::invalid_argument("train options: " + message);
+  };
+  require(total_steps >= 0, "total_steps must be >= 0");
+  require(train_batch_size >= 1, "train_batch_size must be >= 1 (groups per step)");
+  require(gen_batch_size >= 0, "gen_batch_size must be >= 0");
+  require(rollout_n >= 2,
+          "rollout_n is " + std::to_string(rollout_n) + ", expected >= 2 (group advantages compare responses)");
+  require(ppo_mini_batch_size >= 1 && train_batch_size % ppo_mini_batch_size == 0,
+          "ppo_mini_batch_size " + std::to_string(ppo_mini_batch_size) + " must divide train_batch_size " +
+              std::to_string(train_batch_size));
+  const int64_t micro = ppo_micro_batch_size > 0 ? ppo_micro_batch_size : ppo_mini_batch_size;
+  require(ppo_mini_batch_size % micro == 0, "ppo_micro_batch_size " + std::to_string(micro) +
+                                                " must divide ppo_mini_batch_size " +
+                                                std::to_string(ppo_mini_batch_size));
+  require(ppo_epochs >= 1, "ppo_epochs must be >= 1");
+  require(max_num_gen_batches >= 0, "max_num_gen_batches must be >= 0 (0 = unlimited)");
+  require(max_new_tokens >= 1, "max_new_tokens must be >= 1");
+  require(rewards.overlong_cache >= 0 && rewards.overlong_cache <= max_new_tokens,
+          "overlong_buffer_len " + std::to_string(rewards.overlong_cache) + " must lie in [0, max_new_tokens]");
+  require(lr > 0.0 && std::isfinite(lr), "lr must be > 0");
+  require(weight_decay >= 0.0, "weight_decay must be >= 0");
+  require(grad_clip > 0.0, "grad_clip must be > 0");
+  require(warmup_steps >= 0, "warmup_steps must be >= 0");
+  require(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio must lie in [0, 1]");
+  require(eval_problems >= 0 && eval_pass_k >= 0 && eval_every >= 0 && save_every >= 0,
+          "eval and save counts must be >= 0");
+  require(logprob_chunk >= 1, "logprob_chunk must be >= 1");
+  require(!autocast || *autocast == torch::kBFloat16 || *autocast == torch::kHalf,
+          "autocast must be bfloat16 or float16 (or off)");
+  sampling.validate();
+  dapo::check_policy_loss_options(loss, ppo_mini_batch_size * rollout_n, "train options");
+}
+
+nlohmann::json TrainOptions::to_json() const {
+  return {{"algorithm", algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
+          {"total_steps", total_steps},
+          {"train_batch_size", train_batch_size},
+          {"gen_batch_size", gen_batch_size > 0 ? gen_batch_size : train_batch_size},
+          {"rollout_n", rollout_n},
+          {"ppo_mini_batch_size", ppo_mini_batch_size},
+          {"ppo_micro_batch_size", ppo_micro_batch_size > 0 ? ppo_micro_batch_size : ppo_mini_batch_size},
+          {"ppo_epochs", ppo_epochs},
+          {"max_num_gen_batches", max_num_gen_batches},
+          {"dynamic_sampling", dynamic_sampling},
+          {"mask_truncated", mask_truncated},
+          {"clip_ratio_low", loss.clip_low},
+          {"clip_ratio_high", loss.clip_high},
+          {"clip_ratio_c", loss.dual_clip},
+          {"loss_agg_mode", dapo::aggregation_name(loss.aggregation).data()},
+          {"norm_adv_by_std", advantage.scale_by_std},
+          {"max_new_tokens", max_new_tokens},
+          {"overlong_buffer_len", rewards.overlong_cache},
+          {"overlong_penalty_factor", rewards.overlong_factor},
+          {"reward_weights",
+           {rewards.correctness_weight, rewards.digit_weight, rewards.format_weight, rewards.mark_weight}},
+          {"answer_mode", rewards.answer_mode == dapo::gsm8k::AnswerMode::kSeed ? "seed" : "lenient"},
+          {"temperature", sampling.temperature},
+          {"top_p", sampling.top_p},
+          {"top_k", sampling.top_k},
+          {"lr", lr},
+          {"weight_decay", weight_decay},
+          {"betas", {beta1, beta2}},
+          {"warmup_steps", warmup_steps},
+          {"lr_schedule", cosine_schedule ? "cosine" : "constant"},
+          {"min_lr_ratio", min_lr_ratio},
+          {"grad_clip", grad_clip},
+          {"autocast", !autocast                       ? "off"
+                       : *autocast == torch::kBFloat16 ? "bfloat16"
+                                                       : "float16"},
+          {"eval_every", eval_every},
+          {"eval_problems", eval_problems},
+          {"eval_pass_k", eval_pass_k},
+          {"save_every", save_every},
+          {"seed", seed}};
+}
+
+LrSchedule TrainOptions::lr_schedule() const {
+  return {.lr = lr,
+          .warmup_updates = warmup_steps,
+          .cosine = cosine_schedule,
+          .min_lr_ratio = min_lr_ratio,
+          .total_updates = total_steps * (train_batch_size / ppo_mini_batch_size * ppo_epochs)};
+}
+
+RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer) {
+  RolloutOptions rollout;
+  rollout.group_size = options.rollout_n;
+  rollout.generation.max_new_tokens = options.max_new_tokens;
+  rollout.generation.sampling = options.sampling;
+  rollout.generation.pad_id = tokenizer.pad_token_id().value_or(0);
+  for (const char* stop : {"<|im_end|>", "<|endoftext|>"}) {
+    if (const auto id = tokenizer.token_to_id(stop)) rollout.generation.stop_ids.push_back(*id);
+  }
+  rollout.rewards = options.rewards;
+  rollout.rewards.max_length = options.max_new_tokens;
+  rollout.system_prompt = options.system_prompt;
+  rollout.max_batch_rows = options.max_rollout_rows;
+  return rollout;
+}
+
+}  // namespace qwen

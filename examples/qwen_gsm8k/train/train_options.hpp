@@ -1,0 +1,83 @@
+// The trainer's settings: one aggregate with the DAPO paper's defaults where the seed project has none, each field
+// named after its verl knob; validation that names the option; the JSON a checkpoint records.
+#pragma once
+
+#include <dapo/advantage.hpp>
+#include <dapo/loss.hpp>
+
+#include <torch/types.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qwen_gsm8k/data/data.hpp"
+#include "qwen_gsm8k/text/tokenizer.hpp"
+#include "qwen_gsm8k/train/lr_schedule.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
+
+namespace qwen {
+
+enum class Algorithm { kDapo, kGrpo };
+
+// Defaults from the DAPO paper where the seed project has none; the verl name of each knob is in the CLI help.
+struct TrainOptions {
+  Algorithm algorithm = Algorithm::kDapo;
+  int64_t total_steps = 100;         // trainer.total_training_steps
+  int64_t train_batch_size = 16;     // data.train_batch_size: groups (prompts) trained on per step
+  int64_t gen_batch_size = 0;        // data.gen_batch_size: prompts per generation round; 0 = train_batch_size
+  int64_t rollout_n = 4;             // actor_rollout_ref.rollout.n: responses per prompt (the seed: 4)
+  int64_t ppo_mini_batch_size = 4;   // actor.ppo_mini_batch_size: groups per optimizer update
+  int64_t ppo_micro_batch_size = 0;  // actor.ppo_micro_batch_size_per_gpu: groups per forward/backward; 0 = mini-batch
+  int64_t ppo_epochs = 1;            // actor.ppo_epochs: passes over the step's batch
+  int64_t max_num_gen_batches = 10;  // algorithm.filter_groups.max_num_gen_batches: rounds per step; 0 = unlimited
+  bool dynamic_sampling = true;      // algorithm.filter_groups.enable (metric: acc)
+  bool mask_truncated = false;       // overlong filtering: truncated responses out of the loss
+  dapo::PolicyLossOptions loss;      // actor.clip_ratio_low / _high / _c, actor.loss_agg_mode
+  dapo::AdvantageOptions advantage;  // algorithm.norm_adv_by_std_in_grpo
+  RewardOptions rewards;  // reward_model.overlong_buffer.len / .penalty_factor (max_length is set from max_new_tokens)
+  int64_t max_new_tokens = 512;  // data.max_response_length
+  SamplingOptions sampling;      // actor_rollout_ref.rollout.temperature / top_p / top_k (temperature 1.0)
+  std::string system_prompt = kSeedSystemPrompt;
+  double lr = 1e-6;           // actor.optim.lr
+  double weight_decay = 0.1;  // actor.optim.weight_decay
+  double beta1 = 0.9, beta2 = 0.999;
+  int64_t warmup_steps = 0;      // actor.optim.lr_warmup_steps (optimizer updates)
+  bool cosine_schedule = false;  // actor.optim.lr_scheduler_type=cosine: after warm-up, decay to min_lr_ratio * lr
+  double min_lr_ratio = 0.0;     // actor.optim.min_lr_ratio
+  double grad_clip = 1.0;        // actor.grad_clip
+  int64_t logprob_chunk = 1024;  // rows of lm-head logits alive at once (dapo::linear_logprobs)
+  // Mixed precision (torch.autocast; verl's FSDP mixed precision): the forward passes (rollouts, log-probs, evaluation)
+  // in this dtype, bfloat16 or float16, over float32 weights and optimizer state. Empty: the weights' dtype throughout.
+  std::optional<torch::ScalarType> autocast;
+  int64_t max_rollout_rows = 0;  // sequences per generate() call; 0: all
+  int64_t eval_every = 0;        // trainer.test_freq; 0: only at the start and the end
+  int64_t eval_problems = 100;
+  int64_t eval_pass_k = 0;  // also pass@k with sampling when > 0
+  int64_t save_every = 0;   // trainer.save_freq; 0: only at the end
+  int64_t keep_checkpoints = 2;
+  uint64_t seed = 0;
+  std::filesystem::path output_dir;     // metrics.jsonl, eval.jsonl, checkpoints/, report.html; empty: write nothing
+  std::filesystem::path tokenizer_dir;  // copied into checkpoints when set
+  bool quiet = false;                   // no progress lines
+  // Tests only: replaces sampling from the policy. Must depend on the problems alone (not on the rank or the batch),
+  // so that runs with different numbers of ranks see the same rollouts. Not saved, not in to_json.
+  std::function<std::vector<Group>(const std::vector<Problem>&)> fixed_rollouts;
+
+  // The GRPO baseline for ablations: symmetric clip 0.2, sequence-mean aggregation, no dynamic sampling, no shaping.
+  void use_grpo_baseline();
+  // The learning rate of each optimizer update that these options imply.
+  LrSchedule lr_schedule() const;
+  void validate() const;  // throws std::invalid_argument naming the option
+  nlohmann::json to_json() const;
+};
+
+// The rollout settings a TrainOptions implies for this tokenizer: stop ids <|im_end|> and <|endoftext|>, pad, budget.
+RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer);
+
+}  // namespace qwen

@@ -1,0 +1,144 @@
+// The policy update of a step: old log-probs, mini-batch updates, the step's update metrics.
+#include "qwen_gsm8k/train/update.hpp"
+
+#include <dapo/loss.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+namespace qwen {
+
+// This rank's parts of the step's sums, all-reduced at the end.
+struct PolicyUpdate::Sums {
+  double dual_clipped = 0, kl = 0, loss = 0, grad_norm = 0, entropy = 0, lr = 0;
+  std::vector<double> clipped_by_update, tokens_by_update;  // clipped tokens and all tokens, per update
+};
+
+std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_groups, int64_t micro_groups,
+                                         int64_t own_begin, int64_t own_end) {
+  const int64_t group_size = batch.group_size;
+  std::vector<MiniBatch> plan;
+  for (int64_t first_group = 0; first_group + mini_groups <= batch.groups; first_group += mini_groups) {
+    MiniBatch mini{first_group * group_size, mini_groups * group_size, {}};
+    for (int64_t g = own_begin; g < own_end; g += micro_groups) {
+      MicroBatch micro{(first_group + g) * group_size, std::min(micro_groups, own_end - g) * group_size, 0};
+      // The longest real row of the slice: its columns beyond are padding in every row.
+      micro.length = batch.padded.attention_mask.narrow(0, micro.first_row, micro.rows).sum(1).max().item<int64_t>();
+      mini.micro_batches.push_back(micro);
+    }
+    plan.push_back(std::move(mini));
+  }
+  return plan;
+}
+
+LogprobOptions PolicyUpdate::logprob_options() const {
+  return {.temperature = options.sampling.greedy() ? 1.0 : options.sampling.temperature,
+          .chunk_size = options.logprob_chunk,
+          .autocast = options.autocast};
+}
+
+// Without grad, on the same micro-batch slices the updates use, so that the first update's ratio is exactly 1.
+void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, Sums& sums) {
+  // linear_logprobs computes in float32 for float32 and half-precision weights, in float64 for float64 ones.
+  const bool float64 = model->lm_head_weight().scalar_type() == torch::kFloat64;
+  const PaddedBatch& padded = batch.padded;
+  batch.old_logp = torch::zeros(padded.loss_mask.sizes(), float64 ? torch::kFloat64 : torch::kFloat32);
+  torch::NoGradGuard no_grad;
+  for (const MiniBatch& mini : plan) {
+    for (const MicroBatch& micro : mini.micro_batches) {
+      const torch::Tensor logp =
+          response_logprobs(model, padded.input_ids.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length),
+                            padded.attention_mask.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length),
+                            padded.loss_mask.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length - 1),
+                            logprob_options(), &sums.entropy);
+      batch.old_logp.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length - 1).copy_(logp.cpu());
+    }
+  }
+}
+
+// One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step.
+void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& mini, double lr, Sums& sums) {
+  const PaddedBatch& padded = batch.padded;
+  dapo::PolicyLossOptions loss_options = options.loss;
+  loss_options.group_size = batch.group_size;
+  // Dr. GRPO's constant divisor is the generation budget (TRL: max_completion_length), not a padded width.
+  if (loss_options.norm_length == 0.0) loss_options.norm_length = static_cast<double>(options.max_new_tokens);
+  const dapo::PolicyLossOptions share_options = dapo::micro_batch_options(
+      loss_options, dapo::count_mini_batch(padded.loss_mask.narrow(0, mini.first_row, mini.rows)));
+  optimizer.zero_grad();
+  double loss = 0, clipped = 0;
+  for (const MicroBatch& micro : mini.micro_batches) {
+    const auto rows = [&](const torch::Tensor& tensor) { return tensor.narrow(0, micro.first_row, micro.rows); };
+    const torch::Tensor mask = rows(padded.loss_mask).narrow(1, 0, micro.length - 1);
+    const torch::Tensor logp =
+        response_logprobs(model, rows(padded.input_ids).narrow(1, 0, micro.length),
+                          rows(padded.attention_mask).narrow(1, 0, micro.length), mask, logprob_options());
+    const auto device = logp.device();
+    const auto out = dapo::policy_loss(logp, rows(batch.old_logp).narrow(1, 0, micro.length - 1).to(device),
+                                       rows(batch.advantages).to(device), mask.to(device), share_options);
+    out.loss.backward();
+    const double micro_tokens = mask.sum().item<double>();
+    loss += out.loss.item<double>();
+    clipped += out.clip_fraction.item<double>() * micro_tokens;
+    sums.dual_clipped += out.dual_clip_fraction.item<double>() * micro_tokens;
+    sums.kl += out.approx_kl.item<double>() * micro_tokens;
+  }
+  communicator.all_reduce_gradients(model->parameters());  // the sum of the ranks' shares: the mini-batch's gradient
+  const double grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), options.grad_clip);
+  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  optimizer.step();
+  sums.loss += loss;
+  sums.grad_norm += grad_norm;
+  sums.lr = lr;
+  sums.clipped_by_update.push_back(clipped);
+  sums.tokens_by_update.push_back(padded.loss_mask.narrow(0, mini.first_row, mini.rows).sum().item<double>());
+}
+
+UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
+  std::vector<double> totals{sums.dual_clipped, sums.kl, sums.loss, sums.entropy};
+  totals.insert(totals.end(), sums.clipped_by_update.begin(), sums.clipped_by_update.end());
+  totals = communicator.all_reduce_sum(totals);
+  std::copy(totals.begin() + 4, totals.end(), sums.clipped_by_update.begin());
+  const double clipped = std::accumulate(sums.clipped_by_update.begin(), sums.clipped_by_update.end(), 0.0);
+  const double total_tokens = batch.padded.loss_mask.sum().item<double>();
+  const auto updates = static_cast<double>(sums.clipped_by_update.size());
+  const double counted = std::max(total_tokens * static_cast<double>(options.ppo_epochs), 1.0);
+  UpdateMetrics metrics;
+  metrics.loss = totals[2] / updates;
+  metrics.clip_fraction = clipped / counted;
+  metrics.dual_clip_fraction = totals[0] / counted;
+  metrics.approx_kl = totals[1] / counted;
+  for (std::size_t i = 0; i < sums.clipped_by_update.size(); ++i) {
+    const double tokens = sums.tokens_by_update[i];
+    metrics.clip_fraction_by_update.push_back(tokens > 0 ? sums.clipped_by_update[i] / tokens : 0.0);
+  }
+  metrics.entropy = total_tokens > 0 ? totals[3] / total_tokens : 0.0;
+  metrics.grad_norm = sums.grad_norm / updates;
+  metrics.lr = sums.lr;
+  return metrics;
+}
+
+UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t mini_groups = options.ppo_mini_batch_size;
+  const int64_t micro_groups = options.ppo_micro_batch_size > 0 ? options.ppo_micro_batch_size : mini_groups;
+  const auto [own_begin, own_end] = communicator.shard(mini_groups);
+  const std::vector<MiniBatch> plan = plan_mini_batches(batch, mini_groups, micro_groups, own_begin, own_end);
+
+  torch::AutoGradMode enable_grad(true);  // whatever the caller's mode: the updates need gradients
+  model->train();
+  Sums sums;
+  compute_old_logprobs(batch, plan, sums);
+  const LrSchedule schedule = options.lr_schedule();
+  for (int64_t epoch = 0; epoch < options.ppo_epochs; ++epoch) {
+    for (const MiniBatch& mini : plan) update_mini_batch(batch, mini, learning_rate(schedule, updates++), sums);
+  }
+  UpdateMetrics metrics = reduce(batch, sums);
+  metrics.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  metrics.tokens_per_second = batch.padded.attention_mask.sum().item<double>() *
+                              static_cast<double>(options.ppo_epochs + 1) / std::max(metrics.seconds, 1e-9);
+  return metrics;
+}
+
+}  // namespace qwen

@@ -1,0 +1,64 @@
+// The policy update of one DAPO step, as verl's actor runs it: old log-probs from the training forward (no grad), then
+// ppo_epochs passes over the mini-batches of whole groups, one AdamW update each, so that every update after the first
+// is off-policy and the decoupled clip acts. A mini-batch's gradient accumulates over micro-batches, each loss its
+// exact share of the mini-batch's loss (dapo::micro_batch_options); data-parallel ranks each take a contiguous share of
+// every mini-batch's groups and sum their gradients, which gives the single-process gradient.
+//
+// Shapes: B = rows of the step's batch (groups * group_size), L = its longest row; see batch.hpp.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "qwen_gsm8k/dist/distributed.hpp"
+#include "qwen_gsm8k/model/model.hpp"
+#include "qwen_gsm8k/train/batch.hpp"
+#include "qwen_gsm8k/train/train_options.hpp"
+
+namespace qwen {
+
+// Rows [first_row, first_row + rows) of the batch; columns [0, length) hold every real token of those rows.
+struct MicroBatch {
+  int64_t first_row = 0, rows = 0, length = 0;
+};
+
+struct MiniBatch {
+  int64_t first_row = 0, rows = 0;
+  std::vector<MicroBatch> micro_batches;  // this rank's share of the mini-batch, cut into micro-batches
+};
+
+// The mini-batches of mini_groups groups; this rank owns groups [own_begin, own_end) of each, in micro_groups slices.
+std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_groups, int64_t micro_groups,
+                                         int64_t own_begin, int64_t own_end);
+
+// The step's update, summed over the ranks.
+struct UpdateMetrics {
+  double loss = 0.0;                                                      // mean over updates of the mini-batch loss
+  double clip_fraction = 0.0, dual_clip_fraction = 0.0, approx_kl = 0.0;  // over all updates' tokens
+  std::vector<double> clip_fraction_by_update;                            // one per optimizer update, in order
+  double entropy = 0.0;                           // mean over the batch's loss tokens, under the old policy
+  double grad_norm = 0.0;                         // mean over updates, before clipping
+  double lr = 0.0;                                // of the last update
+  double seconds = 0.0, tokens_per_second = 0.0;  // forward + backward tokens (old log-probs included)
+};
+
+struct PolicyUpdate {
+  Qwen2ForCausalLM& model;
+  torch::optim::AdamW& optimizer;
+  Communicator& communicator;
+  const TrainOptions& options;
+
+  // Fills batch.old_logp, then runs every update; `updates` counts the run's optimizer updates (the schedule's clock).
+  UpdateMetrics run(TrainBatch& batch, int64_t& updates);
+
+ private:
+  struct Sums;
+  LogprobOptions logprob_options() const;
+  void compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, Sums& sums);
+  void update_mini_batch(const TrainBatch& batch, const MiniBatch& mini, double lr, Sums& sums);
+  UpdateMetrics reduce(const TrainBatch& batch, Sums& sums) const;
+};
+
+}  // namespace qwen
