@@ -15,8 +15,8 @@ namespace {
 
 struct Run {
   double seconds = 0;
-  int64_t peak_bytes = 0;     // peak allocation during the call, above the bytes live before it
-  int64_t output_bytes = 0;   // logp + grad_hidden + grad_weight: what any implementation must return
+  int64_t peak_bytes = 0;    // peak allocation during the call, above the bytes live before it
+  int64_t output_bytes = 0;  // logp + grad_hidden + grad_weight: what any implementation must return
   at::Tensor logp, grad_hidden, grad_weight;
 };
 
@@ -100,9 +100,10 @@ int main(int argc, char** argv) try {
     dapo::bench::require_close(chunked.grad_weight, naive.grad_weight, 1e-4, "grad weight");
     report("chunked, chunk " + std::to_string(chunk), chunked);
   }
-  std::printf("peak extra: allocated during fwd+bwd above what was live before; peak - outputs: the same less\n"
-              "logp, grad_hidden and grad_weight (%.2f GiB), which every implementation returns.\n",
-              naive.output_bytes / 1073741824.0);
+  std::printf(
+      "peak extra: allocated during fwd+bwd above what was live before; peak - outputs: the same less\n"
+      "logp, grad_hidden and grad_weight (%.2f GiB), which every implementation returns.\n",
+      naive.output_bytes / 1073741824.0);
   dapo::bench::write_json(record, json_path);
   std::printf("wrote %s\n", json_path.c_str());
   return 0;

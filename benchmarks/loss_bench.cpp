@@ -27,8 +27,8 @@ Batch make_batch(int64_t rows, int64_t cols) {
 
 // One training use: forward, then the gradient with respect to logp.
 template <class LossFn>
-void forward_backward(const Batch& b, const dapo::PolicyLossOptions& options, LossFn loss_fn, at::Tensor* grad = nullptr,
-                      double* loss = nullptr) {
+void forward_backward(const Batch& b, const dapo::PolicyLossOptions& options, LossFn loss_fn,
+                      at::Tensor* grad = nullptr, double* loss = nullptr) {
   const auto logp = b.logp.detach().requires_grad_(true);
   const auto out = loss_fn(logp, b.old_logp, b.advantages, b.mask, options);
   out.loss.backward();

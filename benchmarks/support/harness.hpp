@@ -76,9 +76,12 @@ inline int parse_threads(int argc, char** argv, std::string& json_path) {
   int threads = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--threads") threads = std::stoi(argv[i + 1]);
-    else if (flag == "--json") json_path = argv[i + 1];
-    else throw std::invalid_argument("unknown option " + flag + " (expected --threads N, --json PATH)");
+    if (flag == "--threads")
+      threads = std::stoi(argv[i + 1]);
+    else if (flag == "--json")
+      json_path = argv[i + 1];
+    else
+      throw std::invalid_argument("unknown option " + flag + " (expected --threads N, --json PATH)");
   }
   return threads;
 }

@@ -22,17 +22,27 @@ class TrackingAllocator final : public c10::Allocator {
   }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-  c10::DataPtr allocate(size_t bytes) override { return wrap(bytes); }
+  c10::DataPtr allocate(size_t bytes) override {
+    return wrap(bytes);
+  }
   void copy_data(void* destination, const void* source, std::size_t count) const override {
     std::memcpy(destination, source, count);
   }
 #else
-  c10::DataPtr allocate(size_t bytes) const override { return wrap(bytes); }
+  c10::DataPtr allocate(size_t bytes) const override {
+    return wrap(bytes);
+  }
 #endif
 
-  int64_t live_bytes() const { return live_.load(); }
-  int64_t peak_bytes() const { return peak_.load(); }
-  void reset_peak() { peak_.store(live_.load()); }
+  int64_t live_bytes() const {
+    return live_.load();
+  }
+  int64_t peak_bytes() const {
+    return peak_.load();
+  }
+  void reset_peak() {
+    peak_.store(live_.load());
+  }
 
  private:
   struct Context {

@@ -17,7 +17,7 @@
 namespace {
 
 constexpr int64_t kDigits = 10, kEos = 10, kBos = 11, kVocab = 11;  // tokens 0..9, EOS; BOS only as input
-constexpr int64_t kMaxLength = 4, kCacheLength = 2;                   // L_max and the soft zone of Eq. 13
+constexpr int64_t kMaxLength = 4, kCacheLength = 2;                 // L_max and the soft zone of Eq. 13
 constexpr int64_t kPrompts = kDigits * kDigits;
 
 // Shapes: N = sequences, L = kMaxLength, V = kVocab, H = hidden width.
@@ -91,13 +91,17 @@ double greedy_accuracy(Policy& policy) {
 
 }  // namespace
 
+// One function of ~100 lines on purpose: the example reads top to bottom as the DAPO loop, its steps numbered, so a
+// reader sees the library's whole use in one place (the driver, examples/qwen_gsm8k, splits the same loop by part).
 int run(int argc, char** argv) {
   int steps = 100;
   uint64_t seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (flag == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
+    if (flag == "--steps")
+      steps = std::atoi(argv[i + 1]);
+    else if (flag == "--seed")
+      seed = std::strtoull(argv[i + 1], nullptr, 10);
     else {
       std::fprintf(stderr, "toy_dapo: unknown option '%s' (expected --steps N or --seed S)\n", flag.c_str());
       return 2;
@@ -152,10 +156,12 @@ int run(int argc, char** argv) {
       for (const auto& group : kept) parts.push_back(group.*member);
       return torch::cat(parts);
     };
-    const Rollouts batch{cat(&Rollouts::prompts), cat(&Rollouts::tokens), cat(&Rollouts::mask), cat(&Rollouts::lengths)};
+    const Rollouts batch{cat(&Rollouts::prompts), cat(&Rollouts::tokens), cat(&Rollouts::mask),
+                         cat(&Rollouts::lengths)};
 
     // 2. Rewards: accuracy plus the soft overlong punishment (Eq. 13); group-relative advantages.
-    const auto rewards = accuracy_of(batch) + dapo::overlong_penalty(batch.lengths, kMaxLength, kCacheLength).to(torch::kFloat64);
+    const auto rewards =
+        accuracy_of(batch) + dapo::overlong_penalty(batch.lengths, kMaxLength, kCacheLength).to(torch::kFloat64);
     const auto advantages = dapo::group_advantages(rewards.to(torch::kFloat32), kGroupSize);
     const auto old_logp = [&] {
       torch::NoGradGuard no_grad;
@@ -168,7 +174,8 @@ int run(int argc, char** argv) {
     const int64_t groups_per_batch = kTrainGroups / kMiniBatches;
     for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
       for (int64_t mb = 0; mb < kMiniBatches; ++mb) {
-        const auto rows = torch::indexing::Slice(mb * groups_per_batch * kGroupSize, (mb + 1) * groups_per_batch * kGroupSize);
+        const auto rows =
+            torch::indexing::Slice(mb * groups_per_batch * kGroupSize, (mb + 1) * groups_per_batch * kGroupSize);
         const Rollouts part{batch.prompts.index({rows}), batch.tokens.index({rows}), batch.mask.index({rows}),
                             batch.lengths.index({rows})};
         const auto out = dapo::policy_loss(token_logprobs(policy, part), old_logp.index({rows}),

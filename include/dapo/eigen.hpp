@@ -29,7 +29,8 @@ template <class Derived>
 std::span<const typename Derived::Scalar> contiguous(const Eigen::DenseBase<Derived>& array, const char* name,
                                                      const char* where) {
   const auto& plain = array.derived();
-  const bool row_major_contiguous = plain.innerStride() == 1 && (plain.rows() <= 1 || plain.outerStride() == plain.cols());
+  const bool row_major_contiguous =
+      plain.innerStride() == 1 && (plain.rows() <= 1 || plain.outerStride() == plain.cols());
   const bool vector_contiguous = (plain.cols() == 1 || plain.rows() == 1) && plain.innerStride() == 1;
   DAPO_REQUIRE((Derived::IsRowMajor && row_major_contiguous) || vector_contiguous, where, name,
                " is not a contiguous row-major array; copy it into dapo::eigen::RowMajorArray first");
@@ -51,8 +52,9 @@ Vector<typename Derived::Scalar> group_advantages(const Eigen::DenseBase<Derived
 // logp, old_logp, mask [B, T] row-major; advantages [B] or [B, T]; grad_logp, when given, is resized to [B, T].
 template <class Scalar, class AdvantagesDerived>
 core::PolicyLossResult policy_loss(const RowMajorArray<Scalar>& logp, const RowMajorArray<Scalar>& old_logp,
-                                   const Eigen::DenseBase<AdvantagesDerived>& advantages, const RowMajorArray<Scalar>& mask,
-                                   const PolicyLossOptions& options = {}, RowMajorArray<Scalar>* grad_logp = nullptr) {
+                                   const Eigen::DenseBase<AdvantagesDerived>& advantages,
+                                   const RowMajorArray<Scalar>& mask, const PolicyLossOptions& options = {},
+                                   RowMajorArray<Scalar>* grad_logp = nullptr) {
   constexpr const char* kWhere = "dapo::eigen::policy_loss";
   DAPO_REQUIRE(old_logp.rows() == logp.rows() && old_logp.cols() == logp.cols(), kWhere, "old_logp has shape [",
                old_logp.rows(), ", ", old_logp.cols(), "] but logp has [", logp.rows(), ", ", logp.cols(), "]");
@@ -64,10 +66,10 @@ core::PolicyLossResult policy_loss(const RowMajorArray<Scalar>& logp, const RowM
     grad = std::span(grad_logp->data(), static_cast<std::size_t>(grad_logp->size()));
   }
   static_assert(std::is_same_v<typename AdvantagesDerived::Scalar, Scalar>, "advantages must have logp's scalar type");
-  return core::policy_loss<Scalar>(
-      detail::contiguous(logp, "logp", kWhere), detail::contiguous(old_logp, "old_logp", kWhere),
-      detail::contiguous(advantages, "advantages", kWhere), detail::contiguous(mask, "mask", kWhere), logp.rows(),
-      logp.cols(), options, grad);
+  return core::policy_loss<Scalar>(detail::contiguous(logp, "logp", kWhere),
+                                   detail::contiguous(old_logp, "old_logp", kWhere),
+                                   detail::contiguous(advantages, "advantages", kWhere),
+                                   detail::contiguous(mask, "mask", kWhere), logp.rows(), logp.cols(), options, grad);
 }
 
 }  // namespace dapo::eigen

@@ -1,7 +1,7 @@
 // Log-probabilities of chosen tokens straight from the last hidden states and the lm-head, without ever holding the
 // full [N, V] logits: log p(target | logits / temperature) and optionally the entropy, as verl and TRL compute rollout
-// and training log-probs. Chunks over N; the backward recomputes each chunk's logits, so at most one chunk of [chunk, V]
-// values is alive at a time (on CPU; other devices add a work buffer). Differentiable in hidden and weight.
+// and training log-probs. Chunks over N; the backward recomputes each chunk's logits, so at most one chunk of [chunk,
+// V] values is alive at a time (on CPU; other devices add a work buffer). Differentiable in hidden and weight.
 //
 // Shapes: N = tokens, H = hidden size, V = vocabulary, C = chunk_size.
 //   hidden [N, H], weight [V, H] (the lm-head; the tied embedding matrix), targets [N] int64 -> logp [N], entropy [N].
@@ -41,8 +41,8 @@ struct ChunkSoftmax {
 inline ChunkSoftmax aten_chunk_softmax(const torch::Tensor& logits, bool with_mean, torch::Tensor& work) {
   ChunkSoftmax out;
   const torch::Tensor max = logits.amax(1, /*keepdim=*/true);  // [C, 1]
-  at::sub_out(work, logits, max).exp_();                      // work = exp(z - max)
-  const torch::Tensor sum = work.sum(1);                      // [C]
+  at::sub_out(work, logits, max).exp_();                       // work = exp(z - max)
+  const torch::Tensor sum = work.sum(1);                       // [C]
   out.lse = sum.log() + max.squeeze(1);
   if (with_mean) out.mean = work.mul_(logits).sum(1) / sum;
   return out;
@@ -105,14 +105,14 @@ struct LinearLogprob : torch::autograd::Function<LinearLogprob> {
                                                  const torch::autograd::variable_list& grad_outputs) {
     torch::NoGradGuard no_grad;
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3],
-                        &mean = saved[4];
+    const torch::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3], &mean = saved[4];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const double inverse_temperature = ctx->saved_data["inverse_temperature"].toDouble();
     const bool use_aten = ctx->saved_data["use_aten"].toBool();
     const bool want_hidden = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
     const auto stats_type = lse.scalar_type();
-    const torch::Tensor grad_logp = grad_outputs[0].defined() ? grad_outputs[0].to(stats_type).contiguous() : torch::Tensor();
+    const torch::Tensor grad_logp =
+        grad_outputs[0].defined() ? grad_outputs[0].to(stats_type).contiguous() : torch::Tensor();
     const torch::Tensor grad_entropy = mean.defined() && grad_outputs.size() > 1 && grad_outputs[1].defined()
                                            ? grad_outputs[1].to(stats_type).contiguous()
                                            : torch::Tensor();
@@ -125,7 +125,8 @@ struct LinearLogprob : torch::autograd::Function<LinearLogprob> {
     torch::Tensor logits_buffer = torch::empty({chunk, vocab}, hidden.options());
     torch::Tensor stats_buffer, work_buffer;
     if (use_aten) {
-      if (stats_type != hidden.scalar_type()) stats_buffer = torch::empty({chunk, vocab}, hidden.options().dtype(stats_type));
+      if (stats_type != hidden.scalar_type())
+        stats_buffer = torch::empty({chunk, vocab}, hidden.options().dtype(stats_type));
       work_buffer = torch::empty({chunk, vocab}, hidden.options().dtype(stats_type));
     }
     for (int64_t start = 0; start < n; start += chunk) {
@@ -155,11 +156,11 @@ struct LinearLogprob : torch::autograd::Function<LinearLogprob> {
         visit_floating_dtype(hidden.scalar_type(), "dapo::linear_logprobs", [&](auto compute_tag, auto storage_tag) {
           using C = decltype(compute_tag);
           using T = decltype(storage_tag);
-          core::logprob_logits_grad<C>(
-              logits.data_ptr<T>(), rows, vocab, chunk_targets.data_ptr<int64_t>(), lse.data_ptr<C>() + start,
-              mean.defined() ? mean.data_ptr<C>() + start : nullptr,
-              chunk_grad_logp.defined() ? chunk_grad_logp.data_ptr<C>() : nullptr,
-              chunk_grad_entropy.defined() ? chunk_grad_entropy.data_ptr<C>() : nullptr, AtenParallelFor{});
+          core::logprob_logits_grad<C>(logits.data_ptr<T>(), rows, vocab, chunk_targets.data_ptr<int64_t>(),
+                                       lse.data_ptr<C>() + start, mean.defined() ? mean.data_ptr<C>() + start : nullptr,
+                                       chunk_grad_logp.defined() ? chunk_grad_logp.data_ptr<C>() : nullptr,
+                                       chunk_grad_entropy.defined() ? chunk_grad_entropy.data_ptr<C>() : nullptr,
+                                       AtenParallelFor{});
         });
       }
       if (want_hidden) {
@@ -209,9 +210,10 @@ inline LinearLogprobOutput linear_logprobs(const torch::Tensor& hidden, const to
                options.temperature, ", expected a finite value > 0");
   if (targets.numel() > 0) {
     const std::string bad = detail::first_true_index((targets < 0) | (targets >= weight.size(0)));
-    DAPO_REQUIRE(bad.empty(), kWhere, "targets", bad, " is ",
-                 bad.empty() ? 0 : targets.masked_select((targets < 0) | (targets >= weight.size(0)))[0].item<int64_t>(),
-                 ", expected a token id in [0, ", weight.size(0), ")");
+    DAPO_REQUIRE(
+        bad.empty(), kWhere, "targets", bad, " is ",
+        bad.empty() ? 0 : targets.masked_select((targets < 0) | (targets >= weight.size(0)))[0].item<int64_t>(),
+        ", expected a token id in [0, ", weight.size(0), ")");
   }
   return detail::linear_logprobs_unchecked(hidden, weight, targets, options, /*use_aten=*/false);
 }

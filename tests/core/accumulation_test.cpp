@@ -6,8 +6,8 @@
 #include <random>
 #include <span>
 
-#include "support/micro_batch_plan.hpp"
 #include "support/loss_case.hpp"
+#include "support/micro_batch_plan.hpp"
 
 namespace {
 

@@ -50,8 +50,8 @@ TEST_CASE("group_advantages rejects bad input with messages naming it") {
   CHECK_THROWS_WITH_AS(dapo::core::group_advantages<double>(rewards, 1, out), doctest::Contains("group_size is 1"),
                        std::invalid_argument);
   rewards[4] = std::nan("");
-  CHECK_THROWS_WITH_AS(dapo::core::group_advantages<double>(rewards, 2, out),
-                       doctest::Contains("rewards[4] is nan"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::core::group_advantages<double>(rewards, 2, out), doctest::Contains("rewards[4] is nan"),
+                       std::invalid_argument);
   rewards[4] = 5.0;
   std::vector<double> short_out(3);
   CHECK_THROWS_WITH_AS(dapo::core::group_advantages<double>(rewards, 2, short_out),

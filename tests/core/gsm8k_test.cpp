@@ -27,19 +27,21 @@ TEST_CASE("gsm8k rewards reproduce the seed on every golden case") {
 
 TEST_CASE("seed extraction: last number of the first answer block, Python findall order") {
   using dapo::gsm8k::extract_answer;
-  CHECK(extract_answer("<answer>1.2.3</answer>") == "3");        // "1.2" then "3"
+  CHECK(extract_answer("<answer>1.2.3</answer>") == "3");  // "1.2" then "3"
   CHECK(extract_answer("<answer>a 3/4 b</answer>") == "3/4");
-  CHECK(extract_answer("<answer>7. done</answer>") == "7");      // "7." is not a decimal
+  CHECK(extract_answer("<answer>7. done</answer>") == "7");  // "7." is not a decimal
   CHECK(extract_answer("<answer>x</answer><answer>5</answer>") == "");
   CHECK(extract_answer("<answer>\n1,080\n</answer>") == "080");  // the seed's flaw, kept in kSeed
   CHECK(extract_answer("<answer>-7</answer>") == "7");
   CHECK(extract_answer("<answer>\xEF\xBC\x97\xEF\xBC\x92</answer>") == "\xEF\xBC\x97\xEF\xBC\x92");  // full-width 72
   CHECK(extract_answer("<answer>\xD9\xA3</answer>") == "\xD9\xA3");  // Arabic-Indic 3 is a Python \d
   CHECK(extract_answer("<answer>\xC2\xB2</answer>").empty());        // superscript two is not (category No)
-  CHECK(extract_answer("<answer>\xFF" "9</answer>") == "9");        // invalid UTF-8 is skipped, not a crash
+  CHECK(extract_answer("<answer>\xFF"
+                       "9</answer>") == "9");  // invalid UTF-8 is skipped, not a crash
   // An over-long encoding of "0" (C0 B0) is malformed UTF-8, which Python reads as U+FFFD: no digit.
   CHECK(extract_answer("<answer>\xC0\xB0</answer>").empty());
-  CHECK(extract_answer("<answer>\xE0\x80\xB5" "4</answer>") == "4");  // over-long "5" skipped, the 4 kept
+  CHECK(extract_answer("<answer>\xE0\x80\xB5"
+                       "4</answer>") == "4");  // over-long "5" skipped, the 4 kept
 }
 
 TEST_CASE("lenient mode: minus signs, thousands separators, Unicode digits, trailing zeros") {
@@ -98,8 +100,7 @@ TEST_CASE("reference_answer takes the text after ####, without commas") {
   CHECK(reference_answer("Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72") == "72");
   CHECK(reference_answer("so...\n#### 1,080") == "1080");
   CHECK(reference_answer("#### -7 ") == "-7");
-  CHECK_THROWS_WITH_AS(reference_answer("no marker here"),
-                       doctest::Contains("has no '####'"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(reference_answer("no marker here"), doctest::Contains("has no '####'"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(reference_answer("text ####   "), doctest::Contains("nothing follows '####'"),
                        std::invalid_argument);
 }

@@ -16,8 +16,7 @@ std::vector<T> as(const std::vector<double>& values) {
 
 template <class T>
 dapo::core::PolicyLossResult run(const dapo::test::LossCase& c, std::vector<T>* grad = nullptr) {
-  const auto logp = as<T>(c.logp), old_logp = as<T>(c.old_logp), advantages = as<T>(c.advantages),
-             mask = as<T>(c.mask);
+  const auto logp = as<T>(c.logp), old_logp = as<T>(c.old_logp), advantages = as<T>(c.advantages), mask = as<T>(c.mask);
   if (grad != nullptr) grad->assign(logp.size(), T(0));
   return dapo::core::policy_loss<T>(logp, old_logp, advantages, mask, c.rows, c.cols, c.options,
                                     grad != nullptr ? std::span<T>(*grad) : std::span<T>());
@@ -78,8 +77,8 @@ TEST_CASE("ratio 1 everywhere: no clipping, zero KL, loss = -mean advantage") {
   const std::vector<double> logp{-1.0, -2.0, -0.5, -3.0, -0.1, -0.2};
   const std::vector<double> advantages{1.0, -0.5};
   const std::vector<double> mask{1, 1, 1, 1, 1, 0};
-  const auto result = dapo::core::policy_loss<double>(logp, logp, advantages, mask, 2, 3,
-                                                      {.dual_clip = 3.0, .aggregation = dapo::LossAggregation::kTokenMean});
+  const auto result = dapo::core::policy_loss<double>(
+      logp, logp, advantages, mask, 2, 3, {.dual_clip = 3.0, .aggregation = dapo::LossAggregation::kTokenMean});
   CHECK(result.clip_fraction == 0.0);
   CHECK(result.dual_clip_fraction == 0.0);
   CHECK(result.approx_kl == 0.0);
@@ -157,8 +156,7 @@ TEST_CASE("token-mean weighs tokens, seq-mean-token-mean weighs responses") {
 TEST_CASE("global_token_count divides token-mean by the count of all micro-batches") {
   const std::vector<double> logp{-1, -1}, advantages{2.0}, mask{1, 1};
   const auto local = dapo::core::policy_loss<double>(logp, logp, advantages, mask, 1, 2, {});
-  const auto global =
-      dapo::core::policy_loss<double>(logp, logp, advantages, mask, 1, 2, {.global_token_count = 8.0});
+  const auto global = dapo::core::policy_loss<double>(logp, logp, advantages, mask, 1, 2, {.global_token_count = 8.0});
   CHECK(local.loss == doctest::Approx(-2.0));
   CHECK(global.loss == doctest::Approx(-2.0 * 2 / 8));
   CHECK(global.approx_kl == 0.0);
@@ -202,10 +200,10 @@ TEST_CASE("core policy_loss rejects bad shapes and options with messages naming 
                                            {.aggregation = dapo::LossAggregation::kGroupTokenMean, .group_size = 3}),
                        doctest::Contains("batch has 2 rows, which group_size = 3 does not divide"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(policy_loss<double>(four, four, two, mask, 2, 2,
-                                           {.aggregation = dapo::LossAggregation::kSeqMeanTokenMean,
-                                            .global_token_count = 10}),
-                       doctest::Contains("a global token count only applies to token-mean"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      policy_loss<double>(four, four, two, mask, 2, 2,
+                          {.aggregation = dapo::LossAggregation::kSeqMeanTokenMean, .global_token_count = 10}),
+      doctest::Contains("a global token count only applies to token-mean"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(policy_loss<double>(four, four, two, mask, 2, 2, {.global_token_count = 3}),
                        doctest::Contains("global_token_count is 3 but this batch alone holds 4 masked tokens"),
                        std::invalid_argument);
@@ -220,8 +218,8 @@ TEST_CASE("every SIMD width of the float kernel agrees with the double kernel (a
   for (const int lanes : {4, 8, 16}) {
     if (lanes <= dapo::simd::widest_float_lanes()) widths.push_back(lanes);
   }
-  MESSAGE("float kernel widths tested: " << widths.size() << " (widest on this CPU: "
-                                          << dapo::simd::widest_float_lanes() << ")");
+  MESSAGE("float kernel widths tested: " << widths.size()
+                                         << " (widest on this CPU: " << dapo::simd::widest_float_lanes() << ")");
   for (const auto& [aggregation, name] : dapo::kAggregationNames) {
     for (const double dual_clip : {0.0, 3.0}) {
       for (const bool per_token : {false, true}) {
@@ -229,8 +227,8 @@ TEST_CASE("every SIMD width of the float kernel agrees with the double kernel (a
         const auto c = dapo::test::random_loss_case(
             rng, 8, 37, per_token, {.dual_clip = dual_clip, .aggregation = aggregation, .group_size = 4});
         std::vector<double> expected_grad(c.logp.size());
-        const auto expected = dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows,
-                                                              c.cols, c.options, expected_grad);
+        const auto expected = dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows, c.cols,
+                                                              c.options, expected_grad);
         const auto logp = as<float>(c.logp), old_logp = as<float>(c.old_logp), advantages = as<float>(c.advantages);
         std::vector<unsigned char> bytes(c.mask.begin(), c.mask.end());
         const bool* mask = reinterpret_cast<const bool*>(bytes.data());
@@ -240,8 +238,8 @@ TEST_CASE("every SIMD width of the float kernel agrees with the double kernel (a
           std::vector<float> grad(c.logp.size());
           const dapo::core::PolicyLossInputs<float, float, bool> inputs{
               logp.data(), old_logp.data(), advantages.data(), mask, c.rows, c.cols, per_token};
-          const auto out =
-              dapo::core::policy_loss_kernel<float>(inputs, c.options, grad.data(), "test", dapo::core::SerialFor{}, lanes);
+          const auto out = dapo::core::policy_loss_kernel<float>(inputs, c.options, grad.data(), "test",
+                                                                 dapo::core::SerialFor{}, lanes);
           CHECK(dapo::test::close(out.result.loss, expected.loss, 1e-5, 1e-6));
           CHECK(out.result.clip_fraction == doctest::Approx(expected.clip_fraction));
           CHECK(out.result.dual_clip_fraction == doctest::Approx(expected.dual_clip_fraction));

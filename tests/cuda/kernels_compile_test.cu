@@ -8,6 +8,6 @@ template cudaError_t dapo::cuda::launch_policy_loss<float>(const dapo::core::Pol
 template cudaError_t dapo::cuda::launch_policy_loss<float>(const dapo::core::PolicyLossInputs<float, float, float>&,
                                                            const dapo::PolicyLossOptions&, float*,
                                                            dapo::cuda::UnitSums*, cudaStream_t);
-template cudaError_t dapo::cuda::launch_policy_loss<double>(
-    const dapo::core::PolicyLossInputs<double, double, double>&, const dapo::PolicyLossOptions&, double*,
-    dapo::cuda::UnitSums*, cudaStream_t);
+template cudaError_t dapo::cuda::launch_policy_loss<double>(const dapo::core::PolicyLossInputs<double, double, double>&,
+                                                            const dapo::PolicyLossOptions&, double*,
+                                                            dapo::cuda::UnitSums*, cudaStream_t);

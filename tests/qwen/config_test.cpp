@@ -18,7 +18,7 @@ TEST_CASE("config.json of the tiny fixtures parses, and writes back what it read
 }
 
 TEST_CASE("config.json errors name the file and the field") {
-  const nlohmann::json good = {{"model_type", "qwen2"},     {"vocab_size", 512},        {"hidden_size", 64},
+  const nlohmann::json good = {{"model_type", "qwen2"},    {"vocab_size", 512},       {"hidden_size", 64},
                                {"intermediate_size", 160}, {"num_hidden_layers", 2},  {"num_attention_heads", 4},
                                {"num_key_value_heads", 2}, {"rope_theta", 1000000.0}, {"eos_token_id", {1, 2}}};
   CHECK(qwen::Config::from_json(good, "c.json").eos_token_ids == std::vector<int64_t>{1, 2});
@@ -35,8 +35,9 @@ TEST_CASE("config.json errors name the file and the field") {
     json[key] = value;
     return error_of(json);
   };
-  CHECK(changed("model_type", "llama") == "c.json: model_type is \"llama\", expected \"qwen2\" (this driver implements "
-                                          "Qwen2 / Qwen2.5)");
+  CHECK(changed("model_type", "llama") ==
+        "c.json: model_type is \"llama\", expected \"qwen2\" (this driver implements "
+        "Qwen2 / Qwen2.5)");
   CHECK(changed("hidden_act", "gelu").find("only \"silu\" is supported") != std::string::npos);
   CHECK(changed("use_sliding_window", true).find("sliding-window attention is not supported") != std::string::npos);
   CHECK(changed("rope_scaling", {{"type", "yarn"}}).find("only plain RoPE") != std::string::npos);
@@ -49,8 +50,8 @@ TEST_CASE("config.json errors name the file and the field") {
 
   dapo::test::ScratchDir scratch;
   std::ofstream(scratch.path() / "config.json") << "{\"model_type\": \"qwen2\", ";
-  CHECK_THROWS_WITH_AS(qwen::Config::from_file(scratch.path() / "config.json"), doctest::Contains("invalid JSON at byte"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(qwen::Config::from_file(scratch.path() / "config.json"),
+                       doctest::Contains("invalid JSON at byte"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(qwen::Config::from_file(scratch.path() / "absent.json"), doctest::Contains("cannot open"),
                        std::runtime_error);
 }

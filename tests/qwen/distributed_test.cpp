@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "qwen_gsm8k/dist/distributed.hpp"
 #include "qwen_gsm8k/common/json_lines.hpp"
+#include "qwen_gsm8k/dist/distributed.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
 #include "support/process.hpp"
 #include "support/qwen_fixtures.hpp"

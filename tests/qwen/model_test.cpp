@@ -68,8 +68,9 @@ TEST_CASE("the three tiny checkpoints load and reproduce logits, log-probs, NLL 
     const torch::Tensor targets = golden.input_ids.narrow(1, 1, steps);
     const torch::Tensor target_logprobs = log_probs.narrow(1, 0, steps).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
     const torch::Tensor pairs = real.narrow(1, 0, steps) & real.narrow(1, 1, steps);
-    CHECK((target_logprobs.to(torch::kFloat64) - golden.target_logprobs).abs().masked_select(pairs).max().item<double>() <
-          1e-4);
+    CHECK(
+        (target_logprobs.to(torch::kFloat64) - golden.target_logprobs).abs().masked_select(pairs).max().item<double>() <
+        1e-4);
     const torch::Tensor nll = -(target_logprobs.masked_select(pairs)).mean();
     CHECK(nll.item<double>() == doctest::Approx(golden.nll).epsilon(1e-5));
 
@@ -114,7 +115,8 @@ TEST_CASE("a saved model reloads with identical logits, single file and sharded,
   for (const int64_t shard_bytes : {int64_t{0}, int64_t{100'000}}) {
     dapo::test::ScratchDir scratch;
     qwen::save_model(model, scratch.path(), {.max_shard_bytes = shard_bytes});
-    CHECK(std::filesystem::exists(scratch.path() / (shard_bytes ? "model.safetensors.index.json" : "model.safetensors")));
+    CHECK(
+        std::filesystem::exists(scratch.path() / (shard_bytes ? "model.safetensors.index.json" : "model.safetensors")));
     auto reloaded = qwen::load_model(scratch.path());
     CHECK(torch::equal(reloaded->forward(golden.input_ids, golden.attention_mask, golden.position_ids), logits));
   }

@@ -118,7 +118,9 @@ TEST_CASE("checkpoint loading names the file and tensor for truncation, wrong sh
     auto config = dapo::test::read_json(scratch.path() / "config.json");
     config["intermediate_size"] = 96;
     std::ofstream(scratch.path() / "config.json") << config.dump();
-    CHECK(load_error(scratch.path()).find("tensor \"model.layers.0.mlp.down_proj.weight\" has shape [64, 160] but the config makes it [64, 96]") != std::string::npos);
+    CHECK(load_error(scratch.path())
+              .find("tensor \"model.layers.0.mlp.down_proj.weight\" has shape [64, 160] but the config makes it [64, "
+                    "96]") != std::string::npos);
   }
   {  // a tensor missing, and an unexpected one (lm_head.weight in a tied model)
     dapo::test::ScratchDir scratch;

@@ -7,12 +7,12 @@
 #include <cmath>
 #include <optional>
 
-#include "qwen_gsm8k/train/checkpoint.hpp"
+#include "qwen_gsm8k/common/json_lines.hpp"
 #include "qwen_gsm8k/demo/demo.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
-#include "qwen_gsm8k/common/json_lines.hpp"
-#include "qwen_gsm8k/train/trainer.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/checkpoint.hpp"
+#include "qwen_gsm8k/train/trainer.hpp"
 #include "support/qwen_fixtures.hpp"
 
 namespace {
@@ -82,7 +82,8 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
   CHECK(std::filesystem::exists(out / "report.html"));
   CHECK(std::filesystem::exists(out / "plots" / "reward.svg"));
   const auto checkpoint = out / "checkpoints" / "step-000002";
-  for (const char* file : {"config.json", "model.safetensors", "optimizer.pt", "trainer_state.json", "tokenizer.json"}) {
+  for (const char* file :
+       {"config.json", "model.safetensors", "optimizer.pt", "trainer_state.json", "tokenizer.json"}) {
     CHECK(std::filesystem::exists(checkpoint / file));
   }
   CHECK(qwen::find_checkpoint(out / "checkpoints") == checkpoint);
@@ -176,9 +177,10 @@ TEST_CASE("dynamic sampling stops with its clear error when max_num_gen_batches 
   options.system_prompt = "Answer.";
   qwen::Trainer trainer(model, qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"}),
                         problems.train, problems.test, options);
-  CHECK_THROWS_WITH_AS(trainer.step(),
-                       doctest::Contains("2 generation rounds (max_rounds = 2) kept 0 informative groups of the 2 wanted"),
-                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(
+      trainer.step(),
+      doctest::Contains("2 generation rounds (max_rounds = 2) kept 0 informative groups of the 2 wanted"),
+      std::runtime_error);
 }
 
 TEST_CASE("autocast (mixed precision): bfloat16 forward passes over float32 weights, close to the float32 step") {
@@ -206,7 +208,7 @@ TEST_CASE("autocast (mixed precision): bfloat16 forward passes over float32 weig
   // much: the entropy of a random model's next-token distribution over 259 tokens is near log(259) either way.
   CHECK(mixed.at("entropy").get<double>() == doctest::Approx(full.at("entropy").get<double>()).epsilon(0.02));
   CHECK(mixed.at("entropy").get<double>() != full.at("entropy").get<double>());  // bfloat16 did run
-  CHECK_FALSE(at::autocast::is_cpu_enabled());  // the guard restored the state
+  CHECK_FALSE(at::autocast::is_cpu_enabled());                                   // the guard restored the state
 }
 
 TEST_CASE("rollout: ids of the model's padded vocabulary (beyond the tokenizer's) decode to nothing, as in HF") {

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-
 namespace dapo::test {
 
 inline torch::Tensor tensor(const std::vector<double>& values, std::vector<int64_t> shape,
@@ -19,7 +18,9 @@ inline torch::Tensor tensor(const std::vector<double>& values, std::vector<int64
 
 // "Float", "Double", "Bool", ...: compare dtypes as text so a failing CHECK prints them (doctest cannot print
 // c10::ScalarType itself: ADL finds c10::toString first).
-inline std::string dtype_name(const torch::Tensor& t) { return c10::toString(t.scalar_type()); }
+inline std::string dtype_name(const torch::Tensor& t) {
+  return c10::toString(t.scalar_type());
+}
 
 inline std::vector<double> values(const torch::Tensor& t) {
   const torch::Tensor flat = t.detach().to(torch::kFloat64).contiguous().reshape(-1);

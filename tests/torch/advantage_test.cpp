@@ -13,8 +13,10 @@ TEST_CASE("torch group_advantages matches every golden case in double and float"
     const dapo::AdvantageOptions options{item.at("scale_by_std").get<bool>(), item.at("epsilon").get<double>()};
     const int64_t group_size = item.at("group_size");
     const int64_t n = static_cast<int64_t>(rewards.size());
-    const auto in_double = dapo::test::values(dapo::group_advantages(dapo::test::tensor(rewards, {n}), group_size, options));
-    const auto as_float = dapo::group_advantages(dapo::test::tensor(rewards, {n}, torch::kFloat32), group_size, options);
+    const auto in_double =
+        dapo::test::values(dapo::group_advantages(dapo::test::tensor(rewards, {n}), group_size, options));
+    const auto as_float =
+        dapo::group_advantages(dapo::test::tensor(rewards, {n}, torch::kFloat32), group_size, options);
     CHECK(dapo::test::dtype_name(as_float) == "Float");
     const auto in_float = dapo::test::values(as_float);
     std::vector<double> from_core(rewards.size());

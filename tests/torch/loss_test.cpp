@@ -16,7 +16,7 @@ struct TorchRun {
 };
 
 using LossFn = dapo::PolicyLossOutput (*)(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                                           const torch::Tensor&, const dapo::PolicyLossOptions&);
+                                          const torch::Tensor&, const dapo::PolicyLossOptions&);
 constexpr LossFn kFused = &dapo::policy_loss;
 constexpr LossFn kReference = &dapo::reference::policy_loss;
 
@@ -25,8 +25,8 @@ TorchRun run_torch(const dapo::test::LossCase& c, torch::ScalarType dtype, bool 
   using dapo::test::tensor;
   auto logp = tensor(c.logp, {c.rows, c.cols}, dtype).requires_grad_(true);
   const auto old_logp = tensor(c.old_logp, {c.rows, c.cols}, dtype);
-  const auto advantages = c.per_token_advantages ? tensor(c.advantages, {c.rows, c.cols}, dtype)
-                                                 : tensor(c.advantages, {c.rows}, dtype);
+  const auto advantages =
+      c.per_token_advantages ? tensor(c.advantages, {c.rows, c.cols}, dtype) : tensor(c.advantages, {c.rows}, dtype);
   auto mask = tensor(c.mask, {c.rows, c.cols}, dtype);
   if (bool_mask) mask = mask.to(torch::kBool);
   TorchRun run{loss_fn(logp, old_logp, advantages, mask, c.options), {}};
@@ -78,8 +78,8 @@ TEST_CASE("fused, reference and core agree on random batches (all aggregations, 
         CAPTURE(dual_clip);
         CAPTURE(per_token);
         std::vector<double> grad(c.logp.size());
-        const auto core = dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows, c.cols,
-                                                          c.options, grad);
+        const auto core =
+            dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows, c.cols, c.options, grad);
         CHECK(core.clip_fraction > 0.0);  // the random log-ratios do reach past the clip range
         for (const LossFn loss_fn : {kFused, kReference}) {
           check_against(run_torch(c, torch::kFloat64, false, loss_fn), core.loss, core.clip_fraction,
@@ -127,7 +127,8 @@ TEST_CASE("fused policy_loss: same bits for any thread count; masked padding may
   const auto reference = run_torch(c, torch::kFloat64);
   CHECK(dapo::test::close(out.loss.item<double>(), reference.output.loss.item<double>(), 1e-12));
   const auto grad = dapo::test::values(logp.grad());
-  for (std::size_t i = 0; i < grad.size(); ++i) CHECK(dapo::test::close(grad[i], 3.0 * reference.grad[i], 1e-12, 1e-15));
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    CHECK(dapo::test::close(grad[i], 3.0 * reference.grad[i], 1e-12, 1e-15));
 }
 
 TEST_CASE("fused policy_loss without requires_grad computes the same loss and no gradient") {
@@ -153,39 +154,38 @@ TEST_CASE("ratio 1 gives zero clip fractions and KL; the gradient is -A / tokens
 }
 
 TEST_CASE("fused and reference policy_loss reject bad tensors with messages naming them") {
- for (const LossFn loss_fn : {kFused, kReference}) {
-  CAPTURE(loss_fn == kFused);
-  const auto logp = torch::zeros({4, 10});
-  const auto advantages = torch::zeros({4});
-  const auto mask = torch::ones({4, 10});
-  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, torch::ones({4, 9}), {}),
-                       doctest::Contains("policy_loss: mask has shape [4, 9] but logp has [4, 10]"),
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(loss_fn(logp, torch::zeros({4, 11}), advantages, mask, {}),
-                       doctest::Contains("old_logp has shape [4, 11] but logp has [4, 10]"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(loss_fn(logp, logp.to(torch::kFloat64), advantages, mask, {}),
-                       doctest::Contains("old_logp has dtype Double but logp has Float"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, torch::zeros({5}), mask, {}),
-                       doctest::Contains("advantages has shape [5], expected [4] or [4, 10]"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(loss_fn(torch::zeros({40}), torch::zeros({40}), advantages, mask, {}),
-                       doctest::Contains("logp has shape [40], expected 2 dimensions"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, torch::ones({4, 10}, torch::kLong), {}),
-                       doctest::Contains("mask has dtype Long, expected bool or a floating dtype"),
-                       std::invalid_argument);
-  auto half_mask = mask.clone();
-  half_mask[2][7] = 0.5;
-  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, half_mask, {}),
-                       doctest::Contains("mask[2, 7] is 0.5, expected 0 or 1"), std::invalid_argument);
-  auto empty_group = mask.clone();
-  empty_group.slice(0, 2, 4).zero_();
-  CHECK_THROWS_WITH_AS(
-      loss_fn(logp, logp, advantages, empty_group,
-                        {.aggregation = dapo::LossAggregation::kGroupTokenMean, .group_size = 2}),
-      doctest::Contains("group 1 (rows 2..3) has no masked token"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, mask, {.clip_high = -0.1}),
-                       doctest::Contains("clip_high is -0.10000000000000001"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, mask, {.global_token_count = 39}),
-                       doctest::Contains("global_token_count is 39 but this batch alone holds 40 masked tokens"),
-                       std::invalid_argument);
- }
+  for (const LossFn loss_fn : {kFused, kReference}) {
+    CAPTURE(loss_fn == kFused);
+    const auto logp = torch::zeros({4, 10});
+    const auto advantages = torch::zeros({4});
+    const auto mask = torch::ones({4, 10});
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, torch::ones({4, 9}), {}),
+                         doctest::Contains("policy_loss: mask has shape [4, 9] but logp has [4, 10]"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(loss_fn(logp, torch::zeros({4, 11}), advantages, mask, {}),
+                         doctest::Contains("old_logp has shape [4, 11] but logp has [4, 10]"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp.to(torch::kFloat64), advantages, mask, {}),
+                         doctest::Contains("old_logp has dtype Double but logp has Float"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp, torch::zeros({5}), mask, {}),
+                         doctest::Contains("advantages has shape [5], expected [4] or [4, 10]"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(loss_fn(torch::zeros({40}), torch::zeros({40}), advantages, mask, {}),
+                         doctest::Contains("logp has shape [40], expected 2 dimensions"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, torch::ones({4, 10}, torch::kLong), {}),
+                         doctest::Contains("mask has dtype Long, expected bool or a floating dtype"),
+                         std::invalid_argument);
+    auto half_mask = mask.clone();
+    half_mask[2][7] = 0.5;
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, half_mask, {}),
+                         doctest::Contains("mask[2, 7] is 0.5, expected 0 or 1"), std::invalid_argument);
+    auto empty_group = mask.clone();
+    empty_group.slice(0, 2, 4).zero_();
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, empty_group,
+                                 {.aggregation = dapo::LossAggregation::kGroupTokenMean, .group_size = 2}),
+                         doctest::Contains("group 1 (rows 2..3) has no masked token"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, mask, {.clip_high = -0.1}),
+                         doctest::Contains("clip_high is -0.10000000000000001"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(loss_fn(logp, logp, advantages, mask, {.global_token_count = 39}),
+                         doctest::Contains("global_token_count is 39 but this batch alone holds 40 masked tokens"),
+                         std::invalid_argument);
+  }
 }

@@ -15,7 +15,8 @@ TEST_CASE("torch informative_groups matches every golden case") {
                                  item.at("group_size").get<int64_t>());
     REQUIRE(dapo::test::dtype_name(actual) == "Bool");
     REQUIRE(actual.numel() == static_cast<int64_t>(expected.size()));
-    for (std::size_t g = 0; g < expected.size(); ++g) CHECK(actual[static_cast<int64_t>(g)].item<bool>() == expected[g]);
+    for (std::size_t g = 0; g < expected.size(); ++g)
+      CHECK(actual[static_cast<int64_t>(g)].item<bool>() == expected[g]);
   }
 }
 
@@ -24,6 +25,6 @@ TEST_CASE("torch informative_groups rejects NaN scores and bad groups") {
   scores[1] = std::nan("");
   CHECK_THROWS_WITH_AS(dapo::informative_groups(scores, 2), doctest::Contains("scores[1] is nan"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::informative_groups(torch::ones({4}), 3), doctest::Contains("group_size = 3 does not divide"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::informative_groups(torch::ones({4}), 3),
+                       doctest::Contains("group_size = 3 does not divide"), std::invalid_argument);
 }

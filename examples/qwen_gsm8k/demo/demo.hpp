@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "qwen_gsm8k/model/config.hpp"
 #include "qwen_gsm8k/dist/distributed.hpp"
+#include "qwen_gsm8k/model/config.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 
 namespace qwen {
@@ -30,17 +30,17 @@ struct DemoOptions {
   int64_t sft_check_every = 25;
   int64_t sft_check_problems = 100;
   double sft_target_accuracy = 0.6;
-  int64_t sft_batch = 48;         // problems per warm-start update
+  int64_t sft_batch = 48;  // problems per warm-start update
   double sft_lr = 3e-3;
-  int64_t rl_steps = 40;          // DAPO / GRPO steps
+  int64_t rl_steps = 40;  // DAPO / GRPO steps
   double rl_lr = 6e-4;
-  int64_t rl_groups = 32;         // prompts (groups) per step
-  int64_t rl_mini_groups = 16;    // groups per update: rl_groups / rl_mini_groups updates per epoch
-  int64_t rollout_n = 8;          // responses per prompt
-  int64_t ppo_epochs = 2;         // passes over each step's batch: updates after the first are off-policy
-  bool cosine_schedule = true;    // decay the RL learning rate to 0 over the run
+  int64_t rl_groups = 32;       // prompts (groups) per step
+  int64_t rl_mini_groups = 16;  // groups per update: rl_groups / rl_mini_groups updates per epoch
+  int64_t rollout_n = 8;        // responses per prompt
+  int64_t ppo_epochs = 2;       // passes over each step's batch: updates after the first are off-policy
+  bool cosine_schedule = true;  // decay the RL learning rate to 0 over the run
   int64_t eval_every = 5;
-  int64_t eval_problems = 200;    // held-out problems
+  int64_t eval_problems = 200;  // held-out problems
   bool quiet = false;
 };
 

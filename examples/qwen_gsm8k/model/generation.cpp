@@ -28,7 +28,8 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
   options.sampling.validate();
   if (prompts.empty()) throw std::invalid_argument("generate: no prompts");
   if (options.max_new_tokens <= 0) {
-    throw std::invalid_argument("generate: max_new_tokens is " + std::to_string(options.max_new_tokens) + ", expected > 0");
+    throw std::invalid_argument("generate: max_new_tokens is " + std::to_string(options.max_new_tokens) +
+                                ", expected > 0");
   }
   const int64_t vocab = model->config().vocab_size;
   for (std::size_t b = 0; b < prompts.size(); ++b) {
@@ -57,7 +58,8 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
   const double logprob_temperature = options.sampling.greedy() ? 1.0 : options.sampling.temperature;
 
   GenerationOutput out;
-  out.tokens = torch::full({batch, new_tokens}, options.pad_id, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  out.tokens =
+      torch::full({batch, new_tokens}, options.pad_id, torch::TensorOptions().dtype(torch::kInt64).device(device));
   out.logprobs = torch::zeros({batch, new_tokens}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   out.lengths = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   torch::Tensor finished = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(device));

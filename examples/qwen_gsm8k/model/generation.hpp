@@ -19,9 +19,9 @@ struct GenerationOptions {
   int64_t max_new_tokens = 256;
   std::vector<int64_t> stop_ids;  // a sequence ends after emitting any of these (it is kept in the output)
   SamplingOptions sampling;
-  uint64_t seed = 0;              // the draws depend only on the seed, the prompts and the weights
-  bool use_cache = true;          // false recomputes the prefix every step (slow; for checks and benchmarks)
-  int64_t pad_id = 0;             // left padding of prompts, and filler after a sequence ends
+  uint64_t seed = 0;      // the draws depend only on the seed, the prompts and the weights
+  bool use_cache = true;  // false recomputes the prefix every step (slow; for checks and benchmarks)
+  int64_t pad_id = 0;     // left padding of prompts, and filler after a sequence ends
 };
 
 struct GenerationOutput {

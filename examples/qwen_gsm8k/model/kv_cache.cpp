@@ -31,6 +31,8 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::update(int64_t layer, const tor
           values_[static_cast<std::size_t>(layer)].narrow(2, 0, length_ + positions)};
 }
 
-void KVCache::advance(int64_t positions) { length_ += positions; }
+void KVCache::advance(int64_t positions) {
+  length_ += positions;
+}
 
 }  // namespace qwen

@@ -26,9 +26,9 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta) {
 }
 
 std::pair<torch::Tensor, torch::Tensor> RotaryEmbedding::operator()(const torch::Tensor& position_ids) const {
-  const torch::Tensor frequencies = position_ids.to(torch::kFloat32).unsqueeze(-1) *
-                                    inverse_frequency_.to(position_ids.device());  // [B, T, D / 2]
-  const torch::Tensor angles = torch::cat({frequencies, frequencies}, -1);        // [B, T, D]
+  const torch::Tensor frequencies =
+      position_ids.to(torch::kFloat32).unsqueeze(-1) * inverse_frequency_.to(position_ids.device());  // [B, T, D / 2]
+  const torch::Tensor angles = torch::cat({frequencies, frequencies}, -1);                            // [B, T, D]
   return {angles.cos(), angles.sin()};
 }
 
@@ -47,8 +47,9 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, con
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
   if (groups == 1) return x;
   const auto sizes = x.sizes();
-  return x.unsqueeze(2).expand({sizes[0], sizes[1], groups, sizes[2], sizes[3]}).reshape(
-      {sizes[0], sizes[1] * groups, sizes[2], sizes[3]});
+  return x.unsqueeze(2)
+      .expand({sizes[0], sizes[1], groups, sizes[2], sizes[3]})
+      .reshape({sizes[0], sizes[1] * groups, sizes[2], sizes[3]});
 }
 
 }  // namespace
@@ -56,10 +57,14 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
 AttentionImpl::AttentionImpl(const Config& config)
     : heads_(config.num_attention_heads), kv_heads_(config.num_key_value_heads), head_dim_(config.head_dim()) {
   const int64_t hidden = config.hidden_size;
-  q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, heads_ * head_dim_).bias(true)));
-  k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, kv_heads_ * head_dim_).bias(true)));
-  v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, kv_heads_ * head_dim_).bias(true)));
-  o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads_ * head_dim_, hidden).bias(false)));
+  q_proj =
+      register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, heads_ * head_dim_).bias(true)));
+  k_proj =
+      register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, kv_heads_ * head_dim_).bias(true)));
+  v_proj =
+      register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, kv_heads_ * head_dim_).bias(true)));
+  o_proj =
+      register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads_ * head_dim_, hidden).bias(false)));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -68,7 +73,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
   torch::Tensor query = q_proj(hidden).view({batch, positions, heads_, head_dim_}).transpose(1, 2);   // [B, N, T, D]
   torch::Tensor key = k_proj(hidden).view({batch, positions, kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, D]
   torch::Tensor value = v_proj(hidden).view({batch, positions, kv_heads_, head_dim_}).transpose(1, 2);
-  const torch::Tensor cos_h = cos.unsqueeze(1).to(query.scalar_type()), sin_h = sin.unsqueeze(1).to(query.scalar_type());
+  const torch::Tensor cos_h = cos.unsqueeze(1).to(query.scalar_type()),
+                      sin_h = sin.unsqueeze(1).to(query.scalar_type());
   query = apply_rotary(query, cos_h, sin_h);
   key = apply_rotary(key, cos_h, sin_h);
   if (cache != nullptr) std::tie(key, value) = cache->update(layer, key, value);  // [B, KV, S, D]
@@ -79,8 +85,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
 #if TORCH_VERSION_MAJOR >= 2
   // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
   const double lowest = query.scalar_type() == torch::kBFloat16 ? -3.38e38
-                        : query.scalar_type() == torch::kHalf  ? -65504.0
-                                                                : static_cast<double>(std::numeric_limits<float>::lowest());
+                        : query.scalar_type() == torch::kHalf
+                            ? -65504.0
+                            : static_cast<double>(std::numeric_limits<float>::lowest());
   attended = at::scaled_dot_product_attention(query, key, value, mask.clamp_min(lowest).to(query.scalar_type()));
 #else
   // Eager attention: scores in the weights' dtype, mask and softmax in float32 (modeling_qwen2's eager path).
@@ -92,13 +99,17 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
 }
 
 MLPImpl::MLPImpl(const Config& config) {
-  const auto linear = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  const auto linear = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
   gate_proj = register_module("gate_proj", linear(config.hidden_size, config.intermediate_size));
   up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
   down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
 
 DecoderLayerImpl::DecoderLayerImpl(const Config& config) {
   self_attn = register_module("self_attn", Attention(config));
@@ -119,8 +130,7 @@ torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {
   return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1);
 }
 
-Qwen2ModelImpl::Qwen2ModelImpl(const Config& config)
-    : config_(config), rotary_(config.head_dim(), config.rope_theta) {
+Qwen2ModelImpl::Qwen2ModelImpl(const Config& config) : config_(config), rotary_(config.head_dim(), config.rope_theta) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(DecoderLayer(config));
@@ -139,10 +149,10 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
   const auto device = input_ids.device();
   const torch::Tensor causal = torch::arange(total, torch::TensorOptions().device(device)).unsqueeze(0) <=
                                (torch::arange(positions, torch::TensorOptions().device(device)) + past).unsqueeze(1);
-  const torch::Tensor allowed = causal.unsqueeze(0).unsqueeze(0) & attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(1);
-  const torch::Tensor mask =
-      torch::zeros(allowed.sizes(), torch::TensorOptions().device(device).dtype(torch::kFloat32))
-          .masked_fill(~allowed, std::numeric_limits<float>::lowest());
+  const torch::Tensor allowed =
+      causal.unsqueeze(0).unsqueeze(0) & attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(1);
+  const torch::Tensor mask = torch::zeros(allowed.sizes(), torch::TensorOptions().device(device).dtype(torch::kFloat32))
+                                 .masked_fill(~allowed, std::numeric_limits<float>::lowest());
 
   torch::Tensor hidden = embed_tokens(input_ids);
   const auto [cos, sin] = rotary_(position_ids);

@@ -8,8 +8,8 @@
 
 #include "qwen_gsm8k/data/data.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
-#include "qwen_gsm8k/train/rewards.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
+#include "qwen_gsm8k/train/rewards.hpp"
 
 namespace qwen {
 

@@ -44,8 +44,8 @@ inline double overlong_penalty(int64_t length, int64_t max_length, int64_t cache
 namespace core {
 
 // lengths [N] -> penalties [N].
-inline void overlong_penalty(std::span<const int64_t> lengths, int64_t max_length, int64_t cache_length,
-                             double factor, std::span<double> penalties) {
+inline void overlong_penalty(std::span<const int64_t> lengths, int64_t max_length, int64_t cache_length, double factor,
+                             std::span<double> penalties) {
   constexpr const char* kWhere = "dapo::core::overlong_penalty";
   DAPO_REQUIRE(penalties.size() == lengths.size(), kWhere, "penalties has ", penalties.size(),
                " elements but lengths has ", lengths.size());

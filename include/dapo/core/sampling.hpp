@@ -4,8 +4,9 @@
 // Shapes: N = num_groups * group_size scores; the G = group_size responses of one prompt are consecutive.
 //
 // Filter on accuracy (0/1 correctness), not on the shaped reward: overlong and format terms differ between the
-// responses of a group even when all of them are right (or all wrong), so a shaped-reward filter would keep groups whose
-// whole "signal" is length or formatting noise. The paper filters on accuracy; so does verl's `filter_groups.metric=acc`.
+// responses of a group even when all of them are right (or all wrong), so a shaped-reward filter would keep groups
+// whose whole "signal" is length or formatting noise. The paper filters on accuracy; so does verl's
+// `filter_groups.metric=acc`.
 #pragma once
 
 #include <concepts>
@@ -73,8 +74,8 @@ class DynamicSampler {
   RoundStats add_round(std::vector<Group> groups, std::span<const double> accuracy) {
     constexpr const char* kWhere = "dapo::DynamicSampler::add_round";
     DAPO_REQUIRE(static_cast<int64_t>(accuracy.size()) == static_cast<int64_t>(groups.size()) * options_.group_size,
-                 kWhere, "accuracy has ", accuracy.size(), " elements, expected groups.size() * group_size = ",
-                 groups.size(), " * ", options_.group_size);
+                 kWhere, "accuracy has ", accuracy.size(),
+                 " elements, expected groups.size() * group_size = ", groups.size(), " * ", options_.group_size);
     const auto keep = std::make_unique<bool[]>(groups.size());
     if (!groups.empty()) informative_groups(accuracy, options_.group_size, std::span<bool>(keep.get(), groups.size()));
     RoundStats stats{++rounds_, static_cast<int64_t>(groups.size()), 0, 0};

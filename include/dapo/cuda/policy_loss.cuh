@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t row = first_row; row < first_row + unit_rows; ++row) {
     const int64_t offset = row * in.cols;
     const double row_tokens = per_row_mean ? block_count(in.mask + offset, in.cols) : 0.0;
-    const double factor = unit_rows > 1 ? (unit_tokens > 0.0 ? 1.0 / unit_tokens : 0.0)
+    const double factor = unit_rows > 1  ? (unit_tokens > 0.0 ? 1.0 / unit_tokens : 0.0)
                           : per_row_mean ? (row_tokens > 0.0 ? 1.0 / row_tokens : 0.0)
                                          : 1.0;
     double row_sums[kUnitFields] = {};
@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(kThreads)
 // Launches the kernel on `stream`: partials must hold policy_loss_units(in.rows, options) entries (device memory);
 // raw_grad [B, T] or null. C: the compute type (float, or double for double inputs).
 template <class C, class T, class A, class M, class G>
-cudaError_t launch_policy_loss(const core::PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
-                               G* raw_grad, UnitSums* partials, cudaStream_t stream) {
+cudaError_t launch_policy_loss(const core::PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options, G* raw_grad,
+                               UnitSums* partials, cudaStream_t stream) {
   const int64_t units = policy_loss_units(in.rows, options);
   if (units == 0) return cudaSuccess;
   const int64_t unit_rows = options.aggregation == LossAggregation::kGroupTokenMean ? options.group_size : 1;

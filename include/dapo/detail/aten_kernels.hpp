@@ -23,11 +23,16 @@ struct AtenParallelFor {
 template <class Fn>
 void visit_floating_dtype(torch::ScalarType dtype, const char* where, const Fn& fn) {
   switch (dtype) {
-    case torch::kFloat32: return fn(float{}, float{});
-    case torch::kFloat64: return fn(double{}, double{});
-    case torch::kBFloat16: return fn(float{}, c10::BFloat16{});
-    case torch::kHalf: return fn(float{}, c10::Half{});
-    default: DAPO_REQUIRE(false, where, "unsupported dtype ", dtype, ", expected float32, float64, bfloat16 or float16");
+    case torch::kFloat32:
+      return fn(float{}, float{});
+    case torch::kFloat64:
+      return fn(double{}, double{});
+    case torch::kBFloat16:
+      return fn(float{}, c10::BFloat16{});
+    case torch::kHalf:
+      return fn(float{}, c10::Half{});
+    default:
+      DAPO_REQUIRE(false, where, "unsupported dtype ", dtype, ", expected float32, float64, bfloat16 or float16");
   }
 }
 

@@ -12,7 +12,9 @@
 
 namespace dapo::detail {
 
-inline std::string shape_of(const torch::Tensor& tensor) { return shape_string(tensor.sizes().vec()); }
+inline std::string shape_of(const torch::Tensor& tensor) {
+  return shape_string(tensor.sizes().vec());
+}
 
 inline void check_defined(const torch::Tensor& tensor, const char* name, const char* where) {
   DAPO_REQUIRE(tensor.defined(), where, name, " is an undefined tensor");
