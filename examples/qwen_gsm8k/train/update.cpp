@@ -20,7 +20,9 @@ std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_g
   const int64_t group_size = batch.group_size;
   std::vector<MiniBatch> plan;
   for (int64_t first_group = 0; first_group + mini_groups <= batch.groups; first_group += mini_groups) {
-    MiniBatch mini{first_group * group_size, mini_groups * group_size, {}};
+    MiniBatch mini{first_group * group_size, mini_groups * group_size, {}, {}};
+    // Counted once here, not in each of the ppo_epochs updates of this mini-batch.
+    mini.counts = dapo::count_mini_batch(batch.padded.loss_mask.narrow(0, mini.first_row, mini.rows));
     for (int64_t g = own_begin; g < own_end; g += micro_groups) {
       MicroBatch micro{(first_group + g) * group_size, std::min(micro_groups, own_end - g) * group_size, 0};
       // The longest real row of the slice: its columns beyond are padding in every row.
@@ -64,8 +66,7 @@ void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& m
   loss_options.group_size = batch.group_size;
   // Dr. GRPO's constant divisor is the generation budget (TRL: max_completion_length), not a padded width.
   if (loss_options.norm_length == 0.0) loss_options.norm_length = static_cast<double>(options.max_new_tokens);
-  const dapo::PolicyLossOptions share_options = dapo::micro_batch_options(
-      loss_options, dapo::count_mini_batch(padded.loss_mask.narrow(0, mini.first_row, mini.rows)));
+  const dapo::PolicyLossOptions share_options = dapo::micro_batch_options(loss_options, mini.counts);
   optimizer.zero_grad();
   double loss = 0, clipped = 0;
   for (const MicroBatch& micro : mini.micro_batches) {
@@ -92,7 +93,7 @@ void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& m
   sums.grad_norm += grad_norm;
   sums.lr = lr;
   sums.clipped_by_update.push_back(clipped);
-  sums.tokens_by_update.push_back(padded.loss_mask.narrow(0, mini.first_row, mini.rows).sum().item<double>());
+  sums.tokens_by_update.push_back(mini.counts.tokens);
 }
 
 UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {

@@ -7,6 +7,8 @@
 // Shapes: B = rows of the step's batch (groups * group_size), L = its longest row; see batch.hpp.
 #pragma once
 
+#include <dapo/loss.hpp>
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -26,6 +28,7 @@ struct MicroBatch {
 
 struct MiniBatch {
   int64_t first_row = 0, rows = 0;
+  dapo::MiniBatchCounts counts;           // of the whole mini-batch's loss mask: what every share divides by
   std::vector<MicroBatch> micro_batches;  // this rank's share of the mini-batch, cut into micro-batches
 };
 
