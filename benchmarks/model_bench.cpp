@@ -90,6 +90,7 @@ int run_child(const std::string& mode, const std::string& dir) {
 
 struct DecodeTimes {
   double cache_seconds = 0, recompute_seconds = 0, agreement = 0, generated = 0;
+  dapo::bench::Usage cache_usage, recompute_usage;  // getrusage over each timed decode
 };
 
 // Greedy decoding of 8 random prompts with and without the KV cache; the two must agree on (nearly) every token.
@@ -103,17 +104,20 @@ DecodeTimes time_decode(qwen::Qwen2ForCausalLM& model, int64_t new_tokens) {
   qwen::GenerationOptions options;
   options.max_new_tokens = new_tokens;
   options.sampling.temperature = 0.0;
-  auto timed = [&](bool use_cache, qwen::GenerationOutput& out) {
+  auto timed = [&](bool use_cache, qwen::GenerationOutput& out, dapo::bench::Usage& usage) {
     options.use_cache = use_cache;
+    const auto before = dapo::bench::Usage::now();
     const auto start = std::chrono::steady_clock::now();
     out = qwen::generate(model, prompts, options);
-    return seconds_since(start);
+    const double seconds = seconds_since(start);
+    usage = dapo::bench::Usage::now() - before;
+    return seconds;
   };
   qwen::GenerationOutput cached, recomputed;
-  timed(true, cached);  // warm-up
   DecodeTimes times;
-  times.cache_seconds = timed(true, cached);
-  times.recompute_seconds = timed(false, recomputed);
+  timed(true, cached, times.cache_usage);  // warm-up
+  times.cache_seconds = timed(true, cached, times.cache_usage);
+  times.recompute_seconds = timed(false, recomputed, times.recompute_usage);
   times.agreement = cached.tokens.eq(recomputed.tokens).to(torch::kFloat64).mean().item<double>();
   if (times.agreement < 0.95) {
     throw std::runtime_error("cached and recomputed decoding disagree on " +
@@ -126,7 +130,7 @@ DecodeTimes time_decode(qwen::Qwen2ForCausalLM& model, int64_t new_tokens) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  qwen::use_passive_openmp(argv);
+  qwen::use_passive_thread_pools(argv);
   const std::string self = argv[0];
   if (argc == 3 && (std::string(argv[1]) == "--create" || std::string(argv[1]) == "--load")) {
     return run_child(argv[1], argv[2]);
@@ -155,8 +159,8 @@ int main(int argc, char** argv) try {
   const auto load = nlohmann::json::parse(run("'" + self + "' --load '" + dir + "'"));
   const double weight_bytes = load.at("weight_bytes"), peak = load.at("peak_rss_bytes");
   const double before = load.at("rss_before_bytes");
-  std::printf("Qwen2.5-0.5B shape, random weights, float32; %s, %d threads\n", dapo::bench::cpu_model().c_str(),
-              threads);
+  std::printf("Qwen2.5-0.5B shape, random weights, float32; %s, %d threads, %s allocator\n",
+              dapo::bench::cpu_model().c_str(), threads, dapo::bench::allocator().c_str());
   std::printf("load: %.2f s, weights %.2f GiB, peak RSS %.2f GiB = %.2fx the weights (%.2f GiB resident before)\n",
               load.at("load_seconds").get<double>(), weight_bytes / (1 << 30), peak / (1 << 30), peak / weight_bytes,
               before / (1 << 30));
@@ -167,6 +171,10 @@ int main(int argc, char** argv) try {
       "%.1fx (tokens identical: %.1f%%)\n",
       static_cast<long long>(new_tokens), t.generated / t.cache_seconds, t.generated / t.recompute_seconds,
       t.recompute_seconds / t.cache_seconds, 100 * t.agreement);
+  for (const auto& [name, usage] : {std::pair{"KV cache", t.cache_usage}, std::pair{"recompute", t.recompute_usage}}) {
+    std::printf("  %-9s decode: %.0f page faults, %.2f s user CPU, %.2f s system CPU\n", name,
+                usage.minor_faults + usage.major_faults, usage.user_seconds, usage.system_seconds);
+  }
   nlohmann::json record{{"benchmark", "Qwen2.5-0.5B-shaped model: load and decode"},
                         {"machine", dapo::bench::machine()},
                         {"load_seconds", load.at("load_seconds")},
@@ -176,7 +184,9 @@ int main(int argc, char** argv) try {
                         {"decode_tokens_per_second_cache", t.generated / t.cache_seconds},
                         {"decode_tokens_per_second_recompute", t.generated / t.recompute_seconds},
                         {"cache_speedup", t.recompute_seconds / t.cache_seconds},
-                        {"token_agreement", t.agreement}};
+                        {"token_agreement", t.agreement},
+                        {"decode_usage_cache", t.cache_usage.to_json()},
+                        {"decode_usage_recompute", t.recompute_usage.to_json()}};
   dapo::bench::write_json(record, json_path);
   std::printf("wrote %s\n", json_path.c_str());
   return 0;

@@ -105,6 +105,7 @@ qwen::TrainOptions step_options(const Args& args) {
 
 struct StepTimes {
   std::vector<double> rollout_tps, update_tps, rollout_s, update_s, step_s, lengths;
+  dapo::bench::Usage usage;  // per timed step: CPU seconds and page faults (getrusage)
 };
 
 StepTimes time_steps(qwen::Trainer& trainer, int64_t steps) {
@@ -115,6 +116,7 @@ StepTimes time_steps(qwen::Trainer& trainer, int64_t steps) {
                              first.dump());
   }
   StepTimes times;
+  const auto before = dapo::bench::Usage::now();
   for (int64_t s = 0; s < steps; ++s) {
     const nlohmann::json row = trainer.step();
     times.rollout_tps.push_back(row.at("rollout_tokens_per_second"));
@@ -124,6 +126,7 @@ StepTimes time_steps(qwen::Trainer& trainer, int64_t steps) {
     times.step_s.push_back(row.at("step_seconds"));
     times.lengths.push_back(row.at("response_length_mean"));
   }
+  times.usage = (dapo::bench::Usage::now() - before).per(static_cast<double>(steps));
   return times;
 }
 
@@ -138,6 +141,9 @@ void report(const Args& args, const StepTimes& times, int64_t parameters, const 
   std::printf("%-34s %12.2f  (%.0f%%)\n", "update seconds", median(times.update_s),
               100 * median(times.update_s) / step_median);
   std::printf("%-34s %12.2f\n", "step seconds", step_median);
+  std::printf("%-34s %12.0f\n", "page faults per step (mean)", times.usage.minor_faults + times.usage.major_faults);
+  std::printf("%-34s %12.2f\n", "user CPU seconds per step (mean)", times.usage.user_seconds);
+  std::printf("%-34s %12.2f\n", "system CPU seconds per step (mean)", times.usage.system_seconds);
   const nlohmann::json record{{"benchmark", "DAPO step: rollout and update throughput"},
                               {"machine", dapo::bench::machine()},
                               {"shape", args.shape},
@@ -148,7 +154,8 @@ void report(const Args& args, const StepTimes& times, int64_t parameters, const 
                               {"update_tokens_per_second", median(times.update_tps)},
                               {"rollout_seconds", median(times.rollout_s)},
                               {"update_seconds", median(times.update_s)},
-                              {"step_seconds", step_median}};
+                              {"step_seconds", step_median},
+                              {"per_step_usage", times.usage.to_json()}};
   dapo::bench::write_json(record, args.json_path);
   std::printf("wrote %s\n", args.json_path.c_str());
 }
@@ -156,7 +163,7 @@ void report(const Args& args, const StepTimes& times, int64_t parameters, const 
 }  // namespace
 
 int main(int argc, char** argv) {
-  qwen::use_passive_openmp(argv);
+  qwen::use_passive_thread_pools(argv);
   Args args;
   try {
     args = parse_args(argc, argv);
@@ -179,10 +186,11 @@ int main(int argc, char** argv) {
   qwen::Trainer trainer(model, tokenizer, problems.train, problems.test, options);
   std::printf(
       "DAPO step, %s shape (%.1fM parameters), float32; %d prompts x %d responses, %d new tokens, %d x %d "
-      "updates; %s, %d threads\n",
+      "updates; %s, %d threads, %s allocator\n",
       args.shape.c_str(), static_cast<double>(parameters) / 1e6, static_cast<int>(args.prompts),
       static_cast<int>(args.rollout_n), static_cast<int>(args.new_tokens), static_cast<int>(args.epochs),
-      static_cast<int>(args.prompts / args.mini), dapo::bench::cpu_model().c_str(), args.threads);
+      static_cast<int>(args.prompts / args.mini), dapo::bench::cpu_model().c_str(), args.threads,
+      dapo::bench::allocator().c_str());
   report(args, time_steps(trainer, args.steps), parameters, options);
   return 0;
 }

@@ -18,7 +18,9 @@ for name in "${benchmarks[@]}"; do
     tokenizer)
       "$build_dir/benchmarks/tokenizer_bench" --tokenizer "$shared/fixtures/tokenizer/qwen2.5" \
         --data "$shared/data/gsm8k/train.jsonl" --json "$results/tokenizer_bench.json" ;;
-    step)
+    step)  # the demo's step, then a model with Qwen2.5's vocabulary
+      "$build_dir/benchmarks/step_bench" --shape demo --prompts 32 --rollout-n 8 --mini 16 \
+        --json "$results/step_bench_demo.json"
       "$build_dir/benchmarks/step_bench" --tokenizer "$shared/fixtures/tokenizer/qwen2.5" \
         --json "$results/step_bench.json" ;;
     loss | logprob | model)

@@ -6,6 +6,9 @@
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
+#include <dlfcn.h>
+#include <sys/resource.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -41,8 +44,44 @@ inline std::string cpu_model() {
   return "unknown CPU";
 }
 
+// The malloc the benchmark runs with: "tcmalloc" when gperftools' tcmalloc is linked in (CMake's DAPO_ALLOCATOR, the
+// default) or preloaded, else "system" (glibc's).
+inline std::string allocator() {
+  return ::dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr ? "tcmalloc" : "system";
+}
+
+// What the process has used so far (getrusage): CPU seconds in user and kernel mode and page faults. Differences of
+// two snapshots show what a phase cost besides arithmetic: with an allocator that gives memory back to the kernel,
+// every large tensor is faulted in again, page by page (system time).
+struct Usage {
+  double user_seconds = 0, system_seconds = 0;
+  double minor_faults = 0, major_faults = 0;
+
+  static Usage now() {
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    const auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
+    return {seconds(usage.ru_utime), seconds(usage.ru_stime), static_cast<double>(usage.ru_minflt),
+            static_cast<double>(usage.ru_majflt)};
+  }
+  Usage operator-(const Usage& before) const {
+    return {user_seconds - before.user_seconds, system_seconds - before.system_seconds,
+            minor_faults - before.minor_faults, major_faults - before.major_faults};
+  }
+  Usage per(double count) const {
+    return {user_seconds / count, system_seconds / count, minor_faults / count, major_faults / count};
+  }
+  nlohmann::json to_json() const {
+    return {{"user_seconds", user_seconds},
+            {"system_seconds", system_seconds},
+            {"page_faults", minor_faults + major_faults},
+            {"major_page_faults", major_faults}};
+  }
+};
+
 inline nlohmann::json machine() {
   return {{"cpu", cpu_model()},
+          {"allocator", allocator()},
           {"hardware_threads", std::thread::hardware_concurrency()},
           {"torch_threads", at::get_num_threads()},
           {"libtorch", std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +

@@ -15,7 +15,7 @@
 #include "qwen_gsm8k/text/tokenize_command.hpp"
 
 int main(int argc, char** argv) {
-  qwen::use_passive_openmp(argv);
+  qwen::use_passive_thread_pools(argv);
   CLI::App app{"qwen_gsm8k: DAPO training of Qwen2.5 on GSM8K with the dapo library"};
   app.require_subcommand(1);
   // Under a launcher, the ranks on this machine share its cores.

@@ -38,6 +38,8 @@ TEST_CASE("generation: seeded draws repeat, stops end rows, truncation and log-p
   options.sampling = {.temperature = 1.0, .top_k = 50, .top_p = 0.9};
   options.seed = 7;
   const auto first = qwen::generate(model, prompts, options);
+  CHECK_FALSE(first.logprobs.defined());  // only on request
+  options.return_logprobs = true;
   const auto again = qwen::generate(model, prompts, options);
   CHECK(torch::equal(first.tokens, again.tokens));
   options.seed = 8;

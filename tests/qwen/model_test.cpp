@@ -61,6 +61,9 @@ TEST_CASE("the three tiny checkpoints load and reproduce logits, log-probs, NLL 
     const double logits_error =
         (logits.to(torch::kFloat64) - golden.logits).abs().masked_select(real.unsqueeze(-1)).max().item<double>();
     CHECK(logits_error < 1e-4);
+    // The last position alone, as generation asks for it: the same bits.
+    CHECK(torch::equal(model->last_logits(golden.input_ids, golden.attention_mask, golden.position_ids),
+                       logits.select(1, -1)));
 
     // log-softmax at t, taken at token t + 1; the NLL averages pairs where both positions are real tokens.
     const torch::Tensor log_probs = logits.log_softmax(-1);

@@ -23,8 +23,10 @@ std::pair<torch::Tensor, torch::Tensor> left_pad(const std::vector<std::vector<i
   return {ids.to(device), mask.to(device)};
 }
 
-GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
-                          const GenerationOptions& options) {
+namespace {
+
+void check_prompts(const Qwen2ForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                   const GenerationOptions& options) {
   options.sampling.validate();
   if (prompts.empty()) throw std::invalid_argument("generate: no prompts");
   if (options.max_new_tokens <= 0) {
@@ -41,18 +43,31 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
       }
     }
   }
+}
+
+}  // namespace
+
+GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                          const GenerationOptions& options) {
+  check_prompts(model, prompts, options);
   torch::NoGradGuard no_grad;
   const torch::Tensor weights = model->lm_head_weight();
   const auto device = weights.device();
-  auto [sequence, mask] = left_pad(prompts, options.pad_id, device);  // grow by one column per step
-  const int64_t batch = sequence.size(0), new_tokens = options.max_new_tokens;
+  const auto [prompt_ids, prompt_mask] = left_pad(prompts, options.pad_id, device);
+  const int64_t batch = prompt_ids.size(0), width = prompt_ids.size(1), new_tokens = options.max_new_tokens;
+  // The prompts and every new token in one buffer, written in place (column width + s holds new token s), and its
+  // attention mask; the model sees the columns so far. A new token's position: its row's prompt length + s.
+  const torch::Tensor sequence = torch::full({batch, width + new_tokens}, options.pad_id, prompt_ids.options());
+  const torch::Tensor mask = torch::ones({batch, width + new_tokens}, prompt_mask.options());
+  sequence.narrow(1, 0, width).copy_(prompt_ids);
+  mask.narrow(1, 0, width).copy_(prompt_mask);
+  const torch::Tensor first_position = prompt_mask.sum(1, /*keepdim=*/true);  // [B, 1]
 
   at::Generator generator = at::globalContext().defaultGenerator(device).clone();
   generator.set_current_seed(options.seed);
   std::unique_ptr<KVCache> cache;
-  if (options.use_cache) {
-    cache = std::make_unique<KVCache>(model->config(), batch, sequence.size(1) + new_tokens, weights.options());
-  }
+  if (options.use_cache)
+    cache = std::make_unique<KVCache>(model->config(), batch, width + new_tokens, weights.options());
   const torch::Tensor stop_ids = torch::tensor(options.stop_ids.empty() ? std::vector<int64_t>{-1} : options.stop_ids,
                                                torch::TensorOptions().dtype(torch::kInt64).device(device));
   const double logprob_temperature = options.sampling.greedy() ? 1.0 : options.sampling.temperature;
@@ -60,31 +75,32 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
   GenerationOutput out;
   out.tokens =
       torch::full({batch, new_tokens}, options.pad_id, torch::TensorOptions().dtype(torch::kInt64).device(device));
-  out.logprobs = torch::zeros({batch, new_tokens}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  if (options.return_logprobs)
+    out.logprobs = torch::zeros({batch, new_tokens}, weights.options().dtype(torch::kFloat32));
   out.lengths = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   torch::Tensor finished = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(device));
 
   // Prefill: the whole (padded) prompt; then the new token only with the cache, or everything again without it.
-  torch::Tensor logits = model->forward(sequence, mask, position_ids_from_mask(mask), cache.get()).select(1, -1);
+  torch::Tensor logits = model->last_logits(prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), cache.get());
   for (int64_t step = 0; step < new_tokens; ++step) {
-    const torch::Tensor scores = process_logits(logits, sequence, options.sampling);
-    torch::Tensor next = select_tokens(scores, options.sampling, generator);
-    const torch::Tensor logprob =
-        (logits.to(torch::kFloat32) / logprob_temperature).log_softmax(-1).gather(1, next.unsqueeze(1)).squeeze(1);
-    next = next.masked_fill(finished, options.pad_id);
+    const torch::Tensor scores = process_logits(logits, sequence.narrow(1, 0, width + step), options.sampling);
+    torch::Tensor next = select_tokens(scores, options.sampling, generator).masked_fill(finished, options.pad_id);
+    if (options.return_logprobs) {
+      const torch::Tensor logprob =
+          (logits.to(torch::kFloat32) / logprob_temperature).log_softmax(-1).gather(1, next.unsqueeze(1)).squeeze(1);
+      out.logprobs.select(1, step).copy_(logprob.masked_fill(finished, 0.0));
+    }
     out.tokens.select(1, step).copy_(next);
-    out.logprobs.select(1, step).copy_(logprob.masked_fill(finished, 0.0));
     out.lengths += (~finished).to(torch::kInt64);
     finished = finished | (next.unsqueeze(1) == stop_ids.unsqueeze(0)).any(1);
     if (finished.all().item<bool>() || step + 1 == new_tokens) break;
 
-    sequence = torch::cat({sequence, next.unsqueeze(1)}, 1);
-    mask = torch::cat({mask, torch::ones({batch, 1}, mask.options())}, 1);
+    sequence.select(1, width + step).copy_(next);
+    const torch::Tensor visible = mask.narrow(1, 0, width + step + 1);
     if (cache) {
-      const torch::Tensor position = position_ids_from_mask(mask).narrow(1, mask.size(1) - 1, 1);
-      logits = model->forward(next.unsqueeze(1), mask, position, cache.get()).select(1, -1);
+      logits = model->last_logits(next.unsqueeze(1), visible, first_position + step, cache.get());
     } else {
-      logits = model->forward(sequence, mask, position_ids_from_mask(mask), nullptr).select(1, -1);
+      logits = model->last_logits(sequence.narrow(1, 0, width + step + 1), visible, position_ids_from_mask(visible));
     }
   }
   out.truncated = ~finished;

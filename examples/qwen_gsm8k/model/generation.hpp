@@ -22,6 +22,8 @@ struct GenerationOptions {
   uint64_t seed = 0;      // the draws depend only on the seed, the prompts and the weights
   bool use_cache = true;  // false recomputes the prefix every step (slow; for checks and benchmarks)
   int64_t pad_id = 0;     // left padding of prompts, and filler after a sequence ends
+  // Fill GenerationOutput::logprobs (a log-softmax over the vocabulary per step; training recomputes them instead).
+  bool return_logprobs = false;
 };
 
 struct GenerationOutput {
@@ -30,6 +32,7 @@ struct GenerationOutput {
   torch::Tensor truncated;  // [B] bool: reached max_new_tokens without a stop token
   // [B, N] float32: log p(token) under softmax(logits / temperature) of the model, the distribution a trainer
   // recomputes (temperature 1 when greedy; repetition penalty, top-k and top-p excluded); 0 after the end.
+  // Undefined unless GenerationOptions::return_logprobs.
   torch::Tensor logprobs;
 };
 

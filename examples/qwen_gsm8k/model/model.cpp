@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "qwen_gsm8k/model/batched_matmul.hpp"
+
 namespace qwen {
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
@@ -43,15 +45,6 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, con
   return x * cos + rotate_half(x) * sin;  // x [B, N, T, D]; cos, sin [B, 1, T, D]
 }
 
-// [B, KV, S, D] -> [B, KV * groups, S, D]: each key/value head serves `groups` query heads.
-torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
-  if (groups == 1) return x;
-  const auto sizes = x.sizes();
-  return x.unsqueeze(2)
-      .expand({sizes[0], sizes[1], groups, sizes[2], sizes[3]})
-      .reshape({sizes[0], sizes[1] * groups, sizes[2], sizes[3]});
-}
-
 }  // namespace
 
 AttentionImpl::AttentionImpl(const Config& config)
@@ -78,11 +71,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
   query = apply_rotary(query, cos_h, sin_h);
   key = apply_rotary(key, cos_h, sin_h);
   if (cache != nullptr) std::tie(key, value) = cache->update(layer, key, value);  // [B, KV, S, D]
-  key = repeat_kv(key, heads_ / kv_heads_);
-  value = repeat_kv(value, heads_ / kv_heads_);
 
   torch::Tensor attended;
 #if TORCH_VERSION_MAJOR >= 2
+  key = repeat_kv(key, heads_ / kv_heads_);
+  value = repeat_kv(value, heads_ / kv_heads_);
   // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
   const double lowest = query.scalar_type() == torch::kBFloat16 ? -3.38e38
                         : query.scalar_type() == torch::kHalf
@@ -90,10 +83,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
                             : static_cast<double>(std::numeric_limits<float>::lowest());
   attended = at::scaled_dot_product_attention(query, key, value, mask.clamp_min(lowest).to(query.scalar_type()));
 #else
-  // Eager attention: scores in the weights' dtype, mask and softmax in float32 (modeling_qwen2's eager path).
-  const torch::Tensor scores = torch::matmul(query, key.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim_));
+  // Eager attention: scores in the weights' dtype, mask and softmax in float32 (modeling_qwen2's eager path). The
+  // products are torch::matmul's with repeat_kv's heads, bit for bit, without LibTorch 1.x's per-matrix overhead
+  // and, in generation, without copying the cache's heads (batched_matmul.hpp).
+  const torch::Tensor scores =
+      grouped_matmul(query, key, /*transpose_shared=*/true) / std::sqrt(static_cast<double>(head_dim_));
   const torch::Tensor weights = torch::softmax(scores.to(torch::kFloat32) + mask, -1).to(query.scalar_type());
-  attended = torch::matmul(weights, value);  // [B, N, T, D]
+  attended = grouped_matmul(weights, value, /*transpose_shared=*/false);  // [B, N, T, D]
 #endif
   return o_proj(attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
 }
@@ -179,6 +175,12 @@ torch::Tensor Qwen2ForCausalLMImpl::hidden_states(const torch::Tensor& input_ids
 torch::Tensor Qwen2ForCausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                             const torch::Tensor& position_ids, KVCache* cache) {
   return torch::matmul(hidden_states(input_ids, attention_mask, position_ids, cache), lm_head_weight().t());
+}
+
+torch::Tensor Qwen2ForCausalLMImpl::last_logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                                const torch::Tensor& position_ids, KVCache* cache) {
+  return torch::matmul(hidden_states(input_ids, attention_mask, position_ids, cache).select(1, -1),
+                       lm_head_weight().t());
 }
 
 torch::Tensor Qwen2ForCausalLMImpl::lm_head_weight() const {

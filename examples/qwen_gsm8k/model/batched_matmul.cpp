@@ -1,0 +1,234 @@
+// Batched sgemm with LibTorch 1.13's operand rules (see the header).
+#include "qwen_gsm8k/model/batched_matmul.hpp"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <climits>
+#include <optional>
+#include <vector>
+
+namespace qwen {
+namespace {
+
+// The Fortran BLAS entry point LibTorch calls for float32 products.
+using Sgemm = void (*)(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+
+Sgemm loaded_sgemm() {
+  static const auto sgemm = reinterpret_cast<Sgemm>(::dlsym(RTLD_DEFAULT, "sgemm_"));
+  return sgemm;
+}
+
+// Where the matrices of a batch are: matrix i at data + offset(i). A plain batch steps by its batch stride; a batch
+// of shared key/value heads [B, KV, ...] serves `groups` consecutive query heads of `heads` per row b.
+struct Layout {
+  int64_t batch_stride = 0, heads = 1, groups = 1, head_stride = 0;
+  int64_t offset(int64_t i) const { return (i / heads) * batch_stride + ((i % heads) / groups) * head_stride; }
+};
+
+// One BLAS operand: a matrix of the batch as BLAS reads it (column-major), with its transpose flag and leading
+// dimension, and where each matrix of the batch starts.
+struct Operand {
+  const float* data = nullptr;
+  int64_t ld = 0;
+  bool transposed = false, copied = false;
+  Layout layout;
+};
+
+// The call for every matrix of the batch: C^T or C = op(first) op(second), as LibTorch's addmm decides it.
+struct Plan {
+  char transa = 'n', transb = 'n';
+  int64_t m = 0, n = 0, k = 0, ldc = 0;
+  Operand first, second;
+};
+
+// How LibTorch reads one matrix of `batch` as a BLAS operand whose column-major shape is lead x other, when the
+// product is (swap) or is not computed as C^T: as it is, as its transpose, or, when neither fits its strides, as a
+// contiguous copy (LibTorch clones that matrix; `copy` then holds the copy of the whole batch).
+Operand as_operand(const torch::Tensor& batch, const Layout& layout, bool swap, int64_t lead, int64_t other,
+                   torch::Tensor& copy) {
+  // The strides along BLAS's rows and columns of the matrix (LibTorch indexes them by the swap).
+  const int64_t s0 = batch.stride(swap ? 2 : 1), s1 = batch.stride(swap ? 1 : 2);
+  Operand operand{batch.data_ptr<float>(), 0, false, false, layout};
+  if (s0 == 1 && s1 >= std::max<int64_t>(1, lead)) {
+    operand.ld = s1;
+  } else if (s1 == 1 && s0 >= std::max<int64_t>(1, other)) {
+    operand.transposed = true;
+    operand.ld = s0;
+  } else {
+    copy = batch.contiguous();
+    operand = {copy.data_ptr<float>(), copy.size(2), !swap, true, {copy.stride(0)}};
+  }
+  return operand;
+}
+
+// LibTorch 1.13's addmm_impl_cpu_ for result = a[i] b[i] into a contiguous [M, N] result, then cpublas's
+// normalize_last_dims; std::nullopt where LibTorch would not call sgemm. a and b are [count, M, K] and [count, K, N]
+// views whose matrices have the operands' strides; `copies` keeps the operands made contiguous alive.
+std::optional<Plan> plan_products(const torch::Tensor& a, const Layout& a_layout, const torch::Tensor& b,
+                                  const Layout& b_layout, torch::Tensor (&copies)[2]) {
+  const int64_t rows = a.size(1), inner = a.size(2), cols = b.size(2);
+  Plan plan;
+  // A row-major result is BLAS's transposed one, unless it has one column (then both layouts agree and LibTorch
+  // keeps it as is): C^T = B^T A^T swaps the operands.
+  const bool swap = cols != 1;
+  plan.m = swap ? cols : rows;
+  plan.n = swap ? rows : cols;
+  plan.k = inner;
+  plan.ldc = swap ? cols : 1;
+  plan.first = as_operand(swap ? b : a, swap ? b_layout : a_layout, swap, plan.m, plan.k, copies[0]);
+  plan.second = as_operand(swap ? a : b, swap ? a_layout : b_layout, swap, plan.k, plan.n, copies[1]);
+  plan.transa = plan.first.transposed ? 't' : 'n';
+  plan.transb = plan.second.transposed ? 't' : 'n';
+  // cpublas::internal::normalize_last_dims: leading dimensions of degenerate matrices.
+  if (plan.n == 1) plan.ldc = plan.m;
+  if (plan.first.transposed) {
+    if (plan.m == 1) plan.first.ld = plan.k;
+  } else if (plan.k == 1) {
+    plan.first.ld = plan.m;
+  }
+  if (plan.second.transposed) {
+    if (plan.k == 1) plan.second.ld = plan.n;
+  } else if (plan.n == 1) {
+    plan.second.ld = plan.k;
+  }
+  // cpublas's use_blas_gemm: otherwise LibTorch uses its own loops.
+  const auto fits = [](int64_t value) { return value <= INT_MAX; };
+  if (!(fits(plan.m) && fits(plan.n) && fits(plan.k) && fits(plan.first.ld) && fits(plan.second.ld) &&
+        fits(plan.ldc) && plan.first.ld >= std::max<int64_t>(1, plan.first.transposed ? plan.k : plan.m) &&
+        plan.second.ld >= std::max<int64_t>(1, plan.second.transposed ? plan.n : plan.k) &&
+        plan.ldc >= std::max<int64_t>(1, plan.m))) {
+    return std::nullopt;
+  }
+  return plan;
+}
+
+bool cpu_float(const torch::Tensor& tensor) {
+  return tensor.device().is_cpu() && tensor.scalar_type() == torch::kFloat32 && !tensor.is_conj() &&
+         !tensor.is_neg();
+}
+
+// `count` products a[i] b[layout i] as LibTorch's bmm makes them ([count, M, N]), where it would call sgemm for each
+// and this process has it; else std::nullopt. With shared heads (b_layout.groups > 1) the operand b may not be copied.
+std::optional<torch::Tensor> direct_products(const torch::Tensor& a, const torch::Tensor& b, const Layout& b_layout,
+                                             int64_t count) {
+  const Sgemm sgemm = loaded_sgemm();
+  if (sgemm == nullptr || !cpu_float(a) || !cpu_float(b) || a.dim() != 3 || b.dim() != 3 || a.size(0) != count ||
+      a.size(2) != b.size(1)) {
+    return std::nullopt;
+  }
+  const int64_t rows = a.size(1), inner = a.size(2), cols = b.size(2);
+  // LibTorch's own loop below 400 multiply-adds per matrix, and its pathological cases.
+  if (count == 0 || rows == 0 || cols == 0 || inner == 0 || inner * rows * cols < 400) return std::nullopt;
+  torch::Tensor copies[2];
+  const std::optional<Plan> plan = plan_products(a, Layout{a.stride(0)}, b, b_layout, copies);
+  if (!plan) return std::nullopt;
+  const Operand& b_operand = cols != 1 ? plan->first : plan->second;
+  if (b_layout.groups > 1 && b_operand.copied) return std::nullopt;
+  torch::Tensor result = torch::empty({count, rows, cols}, a.options());
+  float* out = result.data_ptr<float>();
+  const Plan p = *plan;
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  const int lda = static_cast<int>(p.first.ld), ldb = static_cast<int>(p.second.ld), ldc = static_cast<int>(p.ldc);
+  const float alpha = 1.0f, beta = 0.0f;
+  const int64_t work = rows * cols * inner;
+  // Small products in parallel over the batch; large ones (where OpenBLAS uses its own threads) one at a time.
+  const int64_t grain = work >= (1 << 18) ? count : std::max<int64_t>(1, (1 << 15) / work);
+  at::parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      sgemm(&p.transa, &p.transb, &m, &n, &k, &alpha, p.first.data + p.first.layout.offset(i), &lda,
+            p.second.data + p.second.layout.offset(i), &ldb, &beta, out + i * rows * cols, &ldc);
+    }
+  });
+  return result;
+}
+
+torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b) {
+  if (b.dim() == 3) {
+    if (auto result = direct_products(a, b, Layout{b.stride(0)}, a.size(0))) return *result;
+  }
+  return torch::bmm(a, b);
+}
+
+// bmm's autograd as LibTorch's: d a = grad bmm b^T, d b = a^T bmm grad.
+class BatchedMatmul : public torch::autograd::Function<BatchedMatmul> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& a,
+                               const torch::Tensor& b) {
+    context->save_for_backward({a, b});
+    return product(a, b);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = context->get_saved_variables();
+    const torch::Tensor& grad = grads[0];
+    torch::Tensor grad_a, grad_b;
+    if (context->needs_input_grad(0)) grad_a = product(grad, saved[1].transpose(1, 2));
+    if (context->needs_input_grad(1)) grad_b = product(saved[0].transpose(1, 2), grad);
+    return {grad_a, grad_b};
+  }
+};
+
+}  // namespace
+
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  const auto sizes = x.sizes();
+  return x.unsqueeze(2)
+      .expand({sizes[0], sizes[1], groups, sizes[2], sizes[3]})
+      .reshape({sizes[0], sizes[1] * groups, sizes[2], sizes[3]});
+}
+
+bool direct_batched_matmul_available() {
+  return loaded_sgemm() != nullptr;
+}
+
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!cpu_float(a)) return torch::bmm(a, b);
+  if (torch::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) {
+    return BatchedMatmul::apply(a, b);
+  }
+  return product(a, b);
+}
+
+torch::Tensor batched_matmul_nd(const torch::Tensor& a, const torch::Tensor& b) {
+  TORCH_CHECK(a.dim() >= 3 && a.dim() == b.dim(), "batched_matmul_nd: operands of ", a.dim(), " and ", b.dim(),
+              " dimensions, expected the same number, at least 3");
+  TORCH_CHECK(a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2), "batched_matmul_nd: batch shapes ",
+              a.sizes(), " and ", b.sizes(), " differ");
+  std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end() - 1);
+  shape.push_back(b.size(-1));
+  const int64_t rows = a.size(-2), inner = a.size(-1), cols = b.size(-1);
+  // The reshapes torch::matmul makes (views where the strides allow, copies where not), so the products see the
+  // same operands.
+  return batched_matmul(a.reshape({-1, rows, inner}), b.reshape({-1, inner, cols})).view(shape);
+}
+
+torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& shared, bool transpose_shared) {
+  TORCH_CHECK(a.dim() == 4 && shared.dim() == 4 && a.size(0) == shared.size(0) && shared.size(1) > 0 &&
+                  a.size(1) % shared.size(1) == 0,
+              "grouped_matmul: a ", a.sizes(), " and shared heads ", shared.sizes(),
+              ", expected [B, N, M, K] and [B, KV, ., .] with KV dividing N");
+  const int64_t heads = a.size(1), groups = heads / shared.size(1);
+  const auto repeated = [&] {
+    const torch::Tensor b = repeat_kv(shared, groups);
+    return batched_matmul_nd(a, transpose_shared ? b.transpose(2, 3) : b);
+  };
+  const bool differentiable = torch::GradMode::is_enabled() && (a.requires_grad() || shared.requires_grad());
+  if (groups == 1 || differentiable || !cpu_float(a) || !cpu_float(shared)) return repeated();
+  // repeat_kv's copy is contiguous: its matrices have these strides, and so must the ones read in place.
+  const bool standard = shared.stride(3) == 1 && shared.stride(2) == shared.size(3);
+  const torch::Tensor heads_in_place = standard ? shared : shared.contiguous();
+  const torch::Tensor b = transpose_shared ? heads_in_place.transpose(2, 3) : heads_in_place;
+  const torch::Tensor a3 = a.reshape({-1, a.size(2), a.size(3)});  // as batched_matmul_nd reshapes it
+  const Layout layout{b.stride(0), heads, groups, b.stride(1)};
+  if (auto result = direct_products(a3, b.select(1, 0), layout, a3.size(0))) {
+    return result->view({a.size(0), heads, a.size(2), b.size(3)});
+  }
+  return repeated();
+}
+
+}  // namespace qwen
