@@ -28,16 +28,16 @@ TEST_CASE("batched_matmul gives torch::bmm's bits for every operand layout and s
   torch::manual_seed(3);
   const int threads = at::get_num_threads();
   at::set_num_threads(2);  // the batch split over threads, as in the driver
-  for (const auto& [batch, m, k, n] : std::vector<std::array<int64_t, 4>>{
-           {512, 1, 16, 97},    // a decode step: one query row against the cache
-           {512, 1, 97, 16},    // its weights times the values
-           {64, 115, 16, 115},  // a training forward's scores
-           {64, 115, 115, 16},  // and weighted values
-           {8, 300, 16, 300},   // large enough for OpenBLAS's own threads
-           {16, 40, 64, 1},     // one column
-           {16, 1, 64, 1},      // one row, one column
-           {32, 3, 5, 7},       // below LibTorch's direct-loop threshold
-           {3, 17, 1, 33}}) {   // contraction of one
+  for (const auto& [batch, m, k, n] :
+       std::vector<std::array<int64_t, 4>>{{512, 1, 16, 97},    // a decode step: one query row against the cache
+                                           {512, 1, 97, 16},    // its weights times the values
+                                           {64, 115, 16, 115},  // a training forward's scores
+                                           {64, 115, 115, 16},  // and weighted values
+                                           {8, 300, 16, 300},   // large enough for OpenBLAS's own threads
+                                           {16, 40, 64, 1},     // one column
+                                           {16, 1, 64, 1},      // one row, one column
+                                           {32, 3, 5, 7},       // below LibTorch's direct-loop threshold
+                                           {3, 17, 1, 33}}) {   // contraction of one
     for (int layout = 0; layout < 4; ++layout) {
       CAPTURE(batch);
       CAPTURE(m);

@@ -97,8 +97,8 @@ std::optional<Plan> plan_products(const torch::Tensor& a, const Layout& a_layout
   }
   // cpublas's use_blas_gemm: otherwise LibTorch uses its own loops.
   const auto fits = [](int64_t value) { return value <= INT_MAX; };
-  if (!(fits(plan.m) && fits(plan.n) && fits(plan.k) && fits(plan.first.ld) && fits(plan.second.ld) &&
-        fits(plan.ldc) && plan.first.ld >= std::max<int64_t>(1, plan.first.transposed ? plan.k : plan.m) &&
+  if (!(fits(plan.m) && fits(plan.n) && fits(plan.k) && fits(plan.first.ld) && fits(plan.second.ld) && fits(plan.ldc) &&
+        plan.first.ld >= std::max<int64_t>(1, plan.first.transposed ? plan.k : plan.m) &&
         plan.second.ld >= std::max<int64_t>(1, plan.second.transposed ? plan.n : plan.k) &&
         plan.ldc >= std::max<int64_t>(1, plan.m))) {
     return std::nullopt;
@@ -107,8 +107,7 @@ std::optional<Plan> plan_products(const torch::Tensor& a, const Layout& a_layout
 }
 
 bool cpu_float(const torch::Tensor& tensor) {
-  return tensor.device().is_cpu() && tensor.scalar_type() == torch::kFloat32 && !tensor.is_conj() &&
-         !tensor.is_neg();
+  return tensor.device().is_cpu() && tensor.scalar_type() == torch::kFloat32 && !tensor.is_conj() && !tensor.is_neg();
 }
 
 // `count` products a[i] b[layout i] as LibTorch's bmm makes them ([count, M, N]), where it would call sgemm for each
