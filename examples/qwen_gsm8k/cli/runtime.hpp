@@ -12,16 +12,16 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <string>
+#include <utility>
 
 namespace qwen {
 
 // Call first thing in main(). Settings already present (set by the user, or by the re-execution) are left alone.
 inline void use_passive_thread_pools(char** argv) {
   bool changed = false;
-  for (const char* name : {"GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT"}) {
+  for (const auto& [name, value] : {std::pair{"GOMP_SPINCOUNT", "0"}, std::pair{"OPENBLAS_THREAD_TIMEOUT", "4"}}) {
     if (std::getenv(name) != nullptr) continue;
-    ::setenv(name, std::string(name) == "GOMP_SPINCOUNT" ? "0" : "4", 1);
+    ::setenv(name, value, 1);
     changed = true;
   }
   if (changed) ::execv("/proc/self/exe", argv);  // returns only if it failed; the program then runs as it is

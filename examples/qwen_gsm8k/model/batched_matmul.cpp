@@ -110,16 +110,15 @@ bool cpu_float(const torch::Tensor& tensor) {
   return tensor.device().is_cpu() && tensor.scalar_type() == torch::kFloat32 && !tensor.is_conj() && !tensor.is_neg();
 }
 
-// `count` products a[i] b[layout i] as LibTorch's bmm makes them ([count, M, N]), where it would call sgemm for each
-// and this process has it; else std::nullopt. With shared heads (b_layout.groups > 1) the operand b may not be copied.
-std::optional<torch::Tensor> direct_products(const torch::Tensor& a, const torch::Tensor& b, const Layout& b_layout,
-                                             int64_t count) {
+// The products a[i] b[layout i], i < a.size(0), as LibTorch's bmm makes them ([count, M, N]), where it would call
+// sgemm for each and this process has it; else std::nullopt. With shared heads (b_layout.groups > 1) the operand b may
+// not be copied.
+std::optional<torch::Tensor> direct_products(const torch::Tensor& a, const torch::Tensor& b, const Layout& b_layout) {
   const Sgemm sgemm = loaded_sgemm();
-  if (sgemm == nullptr || !cpu_float(a) || !cpu_float(b) || a.dim() != 3 || b.dim() != 3 || a.size(0) != count ||
-      a.size(2) != b.size(1)) {
+  if (sgemm == nullptr || !cpu_float(a) || !cpu_float(b) || a.dim() != 3 || b.dim() != 3 || a.size(2) != b.size(1)) {
     return std::nullopt;
   }
-  const int64_t rows = a.size(1), inner = a.size(2), cols = b.size(2);
+  const int64_t count = a.size(0), rows = a.size(1), inner = a.size(2), cols = b.size(2);
   // LibTorch's own loop below 400 multiply-adds per matrix, and its pathological cases.
   if (count == 0 || rows == 0 || cols == 0 || inner == 0 || inner * rows * cols < 400) return std::nullopt;
   torch::Tensor copies[2];
@@ -147,7 +146,7 @@ std::optional<torch::Tensor> direct_products(const torch::Tensor& a, const torch
 
 torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b) {
   if (b.dim() == 3) {
-    if (auto result = direct_products(a, b, Layout{b.stride(0)}, a.size(0))) return *result;
+    if (auto result = direct_products(a, b, Layout{b.stride(0)})) return *result;
   }
   return torch::bmm(a, b);
 }
@@ -224,7 +223,7 @@ torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& shared
   const torch::Tensor b = transpose_shared ? heads_in_place.transpose(2, 3) : heads_in_place;
   const torch::Tensor a3 = a.reshape({-1, a.size(2), a.size(3)});  // as batched_matmul_nd reshapes it
   const Layout layout{b.stride(0), heads, groups, b.stride(1)};
-  if (auto result = direct_products(a3, b.select(1, 0), layout, a3.size(0))) {
+  if (auto result = direct_products(a3, b.select(1, 0), layout)) {
     return result->view({a.size(0), heads, a.size(2), b.size(3)});
   }
   return repeated();

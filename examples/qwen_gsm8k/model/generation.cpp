@@ -66,8 +66,9 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
   at::Generator generator = at::globalContext().defaultGenerator(device).clone();
   generator.set_current_seed(options.seed);
   std::unique_ptr<KVCache> cache;
-  if (options.use_cache)
+  if (options.use_cache) {
     cache = std::make_unique<KVCache>(model->config(), batch, width + new_tokens, weights.options());
+  }
   const torch::Tensor stop_ids = torch::tensor(options.stop_ids.empty() ? std::vector<int64_t>{-1} : options.stop_ids,
                                                torch::TensorOptions().dtype(torch::kInt64).device(device));
   const double logprob_temperature = options.sampling.greedy() ? 1.0 : options.sampling.temperature;
@@ -75,8 +76,9 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
   GenerationOutput out;
   out.tokens =
       torch::full({batch, new_tokens}, options.pad_id, torch::TensorOptions().dtype(torch::kInt64).device(device));
-  if (options.return_logprobs)
+  if (options.return_logprobs) {
     out.logprobs = torch::zeros({batch, new_tokens}, weights.options().dtype(torch::kFloat32));
+  }
   out.lengths = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   torch::Tensor finished = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(device));
 
