@@ -2,6 +2,10 @@
 // vocab 151936) with random weights: load time and peak resident memory when loading from safetensors (in a fresh
 // process, so nothing else is resident), and decode speed with the KV cache vs recomputing the prefix (batch 8,
 // 32-token prompts, 64 new tokens, greedy). Both decodes must produce the same tokens before either is timed.
+// Then generate's peak tensor memory (a tracking CPU allocator) and speed on long prompts (batch 8, 128-token prompts,
+// 16 new tokens), against the decode loop as it was before issues 14 and 15 (the prefill's logits at every prompt
+// position, a log-softmax over the vocabulary per step, the sequence and mask grown by concatenation), same run, same
+// tokens.
 // Usage: model_bench [--dir DIR] [--threads N] [--json PATH] [--new-tokens N]
 //        (internal: model_bench --create DIR, model_bench --load DIR)
 #include <sys/resource.h>
@@ -15,6 +19,7 @@
 #include <string>
 
 #include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/common/memory_tracker.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/harness.hpp"
@@ -127,6 +132,64 @@ DecodeTimes time_decode(qwen::Qwen2ForCausalLM& model, int64_t new_tokens) {
   return times;
 }
 
+// The decode loop before issues 14 and 15, greedy, with the same model calls: the prefill computes the lm-head over
+// every prompt position ([B, P, V] logits) and takes the last; each step computes log-probs over the vocabulary and
+// grows the sequence and mask with torch::cat.
+torch::Tensor legacy_generate(qwen::Qwen2ForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                              int64_t new_tokens) {
+  torch::NoGradGuard no_grad;
+  const auto [ids, mask] = qwen::left_pad(prompts, 0, torch::kCPU);
+  const int64_t batch = ids.size(0), width = ids.size(1);
+  qwen::KVCache cache(model->config(), batch, width + new_tokens, model->lm_head_weight().options());
+  torch::Tensor logits = model->forward(ids, mask, qwen::position_ids_from_mask(mask), &cache).select(1, -1);
+  torch::Tensor sequence = ids, attention = mask, tokens = torch::empty({batch, 0}, torch::kInt64);
+  torch::Tensor logprobs = torch::empty({batch, 0});
+  for (int64_t step = 0; step < new_tokens; ++step) {
+    const torch::Tensor next = logits.argmax(-1);
+    logprobs = torch::cat({logprobs, logits.log_softmax(-1).gather(1, next.unsqueeze(1))}, 1);
+    tokens = torch::cat({tokens, next.unsqueeze(1)}, 1);
+    if (step + 1 == new_tokens) break;
+    sequence = torch::cat({sequence, next.unsqueeze(1)}, 1);
+    attention = torch::cat({attention, torch::ones({batch, 1}, attention.options())}, 1);
+    const torch::Tensor positions = qwen::position_ids_from_mask(attention).narrow(1, width + step, 1);
+    logits = model->forward(next.unsqueeze(1), attention, positions, &cache).select(1, -1);
+  }
+  return tokens;
+}
+
+struct PeakMemory {
+  double before_bytes = 0, after_bytes = 0, before_seconds = 0, after_seconds = 0, generated = 0;
+};
+
+// Peak tensor memory allocated during generate (above what was held before it), old loop against today's.
+PeakMemory measure_peak_memory(qwen::Qwen2ForCausalLM& model) {
+  constexpr int64_t kBatch = 8, kPrompt = 128, kNew = 16;
+  torch::manual_seed(2);
+  std::vector<std::vector<int64_t>> prompts(kBatch);
+  for (auto& prompt : prompts) {
+    const auto ids = torch::randint(151643, {kPrompt}, torch::kInt64);
+    prompt.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + kPrompt);
+  }
+  qwen::GenerationOptions options;
+  options.max_new_tokens = kNew;
+  options.sampling.temperature = 0.0;
+  PeakMemory peak;
+  peak.generated = static_cast<double>(kBatch * kNew);
+  qwen::CpuMemoryTracker tracker;
+  auto start = std::chrono::steady_clock::now();
+  const torch::Tensor before = legacy_generate(model, prompts, kNew);
+  peak.before_seconds = seconds_since(start);
+  peak.before_bytes = static_cast<double>(tracker.peak_bytes());
+  tracker.reset_peak();
+  const double held = static_cast<double>(tracker.current_bytes());
+  start = std::chrono::steady_clock::now();
+  const qwen::GenerationOutput after = qwen::generate(model, prompts, options);
+  peak.after_seconds = seconds_since(start);
+  peak.after_bytes = static_cast<double>(tracker.peak_bytes()) - held;
+  if (!torch::equal(before, after.tokens)) throw std::runtime_error("the old and the new decode loop disagree");
+  return peak;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -175,6 +238,12 @@ int main(int argc, char** argv) try {
     std::printf("  %-9s decode: %.0f page faults, %.2f s user CPU, %.2f s system CPU\n", name,
                 usage.minor_faults + usage.major_faults, usage.user_seconds, usage.system_seconds);
   }
+  const PeakMemory memory = measure_peak_memory(model);
+  std::printf(
+      "generate, batch 8, prompt 128, 16 new tokens (same tokens): peak tensor memory %.0f MiB before issues 14/15 "
+      "-> %.0f MiB now (%.1fx less); %.1f -> %.1f tokens/s\n",
+      memory.before_bytes / (1 << 20), memory.after_bytes / (1 << 20), memory.before_bytes / memory.after_bytes,
+      memory.generated / memory.before_seconds, memory.generated / memory.after_seconds);
   nlohmann::json record{{"benchmark", "Qwen2.5-0.5B-shaped model: load and decode"},
                         {"machine", dapo::bench::machine()},
                         {"load_seconds", load.at("load_seconds")},
@@ -186,7 +255,11 @@ int main(int argc, char** argv) try {
                         {"cache_speedup", t.recompute_seconds / t.cache_seconds},
                         {"token_agreement", t.agreement},
                         {"decode_usage_cache", t.cache_usage.to_json()},
-                        {"decode_usage_recompute", t.recompute_usage.to_json()}};
+                        {"decode_usage_recompute", t.recompute_usage.to_json()},
+                        {"generate_peak_bytes_before", memory.before_bytes},
+                        {"generate_peak_bytes_after", memory.after_bytes},
+                        {"generate_tokens_per_second_before", memory.generated / memory.before_seconds},
+                        {"generate_tokens_per_second_after", memory.generated / memory.after_seconds}};
   dapo::bench::write_json(record, json_path);
   std::printf("wrote %s\n", json_path.c_str());
   return 0;

@@ -4,8 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-packages=(cmake make g++ ccache libtorch-dev libgloo-dev libopenblas0-pthread libeigen3-dev doctest-dev libfmt-dev
-          nlohmann-json3-dev libgoogle-perftools-dev libpcre2-dev libutf8proc-dev libcli11-dev pkg-config librsvg2-bin)
+mapfile -t packages < <(grep -v '^#' scripts/packages.txt | grep -v '^$')
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/types.h>
 
 #include <cmath>
@@ -31,6 +33,7 @@ struct LinearLogprobOutput {
 };
 
 namespace detail {
+inline namespace DAPO_KERNEL_ABI {  // the CPU kernel's callers: see <dapo/core/kernel_abi.hpp>
 
 // Softmax statistics of one chunk of logits z [C, V] (already divided by the temperature) with ATen ops, for devices
 // without the CPU kernel: lse = logsumexp(z) and, for the entropy, mean = E_p[z]. work: a [C, V] buffer.
@@ -48,76 +51,38 @@ inline ChunkSoftmax aten_chunk_softmax(const torch::Tensor& logits, bool with_me
   return out;
 }
 
-// The saved state between forward and backward, and the per-chunk math: the core kernels on CPU (one [C, V] buffer,
-// in the input dtype), ATen ops elsewhere (plus float32 copies for 16-bit inputs and a work buffer).
-struct LinearLogprob : torch::autograd::Function<LinearLogprob> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
-                                                const torch::Tensor& weight, const torch::Tensor& targets,
-                                                const LinearLogprobOptions& options, bool use_aten) {
-    torch::NoGradGuard no_grad;
-    const int64_t n = hidden.size(0), vocab = weight.size(0);
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(options.chunk_size, n));
-    const double inverse_temperature = 1.0 / options.temperature;
-    const auto stats_options = hidden.options().dtype(compute_dtype(hidden.scalar_type()));
-    const bool with_mean = options.with_entropy;
-    torch::Tensor lse = torch::empty({n}, stats_options), chosen = torch::empty({n}, stats_options);
-    torch::Tensor mean = with_mean ? torch::empty({n}, stats_options) : torch::Tensor();
+// The backward: recomputes each chunk's logits and turns them into d objective / d logits in place, then into the
+// gradients of hidden and weight. An autograd Node of its own, not a torch::autograd::Function (see PolicyLossBackward
+// in <dapo/loss.hpp>: g++ 14 warns inside LibTorch 2.x's Function<T>::apply). Saved like Function's
+// save_for_backward: an in-place change of hidden or weight before the backward is an error, not a silent mistake.
+struct LinearLogprobBackward : torch::autograd::Node {
+  torch::autograd::SavedVariable hidden_, weight_;  // [N, H], [V, H]
+  torch::Tensor targets, lse, mean;                 // [N]; mean undefined without the entropy
+  int64_t chunk = 1;
+  double inverse_temperature = 1.0;
+  bool use_aten = false;
 
-    torch::Tensor logits_buffer = torch::empty({chunk, vocab}, hidden.options());
-    torch::Tensor stats_buffer, work_buffer;
-    if (use_aten) {
-      if (stats_options.dtype() != hidden.dtype()) stats_buffer = torch::empty({chunk, vocab}, stats_options);
-      work_buffer = torch::empty({chunk, vocab}, stats_options);
-    }
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t rows = std::min(chunk, n - start);
-      torch::Tensor logits = logits_buffer.narrow(0, 0, rows);
-      at::mm_out(logits, hidden.narrow(0, start, rows) * inverse_temperature, weight.t());  // z / temperature
-      const torch::Tensor chunk_targets = targets.narrow(0, start, rows);
-      if (use_aten) {
-        if (stats_buffer.defined()) logits = stats_buffer.narrow(0, 0, rows).copy_(logits);
-        torch::Tensor work = work_buffer.narrow(0, 0, rows);
-        const ChunkSoftmax stats = aten_chunk_softmax(logits, with_mean, work);
-        chosen.narrow(0, start, rows).copy_(logits.gather(1, chunk_targets.unsqueeze(1)).squeeze(1));
-        lse.narrow(0, start, rows).copy_(stats.lse);
-        if (with_mean) mean.narrow(0, start, rows).copy_(stats.mean);
-        continue;
-      }
-      visit_floating_dtype(hidden.scalar_type(), "dapo::linear_logprobs", [&](auto compute_tag, auto storage_tag) {
-        using C = decltype(compute_tag);
-        using T = decltype(storage_tag);
-        core::softmax_statistics<C>(logits.data_ptr<T>(), rows, vocab, chunk_targets.data_ptr<int64_t>(),
-                                    lse.data_ptr<C>() + start, chosen.data_ptr<C>() + start,
-                                    with_mean ? mean.data_ptr<C>() + start : nullptr, AtenParallelFor{});
-      });
-    }
-    ctx->set_materialize_grads(false);  // an unused output (say, the entropy) costs nothing in the backward
-    ctx->save_for_backward({hidden, weight, targets, lse, mean});
-    ctx->saved_data["chunk"] = chunk;
-    ctx->saved_data["inverse_temperature"] = inverse_temperature;
-    ctx->saved_data["use_aten"] = use_aten;
-    torch::Tensor logp = chosen - lse;
-    if (with_mean) return {logp, lse - mean};
-    return {logp};
+  std::string name() const override { return "dapo::LinearLogprobBackward"; }
+  void release_variables() override {
+    hidden_.reset_data();
+    weight_.reset_data();
+    targets.reset();
+    lse.reset();
+    mean.reset();
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 const torch::autograd::variable_list& grad_outputs) {
+  // grad_outputs: d objective / d logp and, with the entropy, d objective / d entropy (either may be undefined).
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grad_outputs) override {
     torch::NoGradGuard no_grad;
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3], &mean = saved[4];
-    const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const double inverse_temperature = ctx->saved_data["inverse_temperature"].toDouble();
-    const bool use_aten = ctx->saved_data["use_aten"].toBool();
-    const bool want_hidden = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
+    const torch::Tensor hidden = hidden_.unpack(), weight = weight_.unpack();
+    const bool want_hidden = should_compute_output(0), want_weight = should_compute_output(1);
     const auto stats_type = lse.scalar_type();
     const torch::Tensor grad_logp =
         grad_outputs[0].defined() ? grad_outputs[0].to(stats_type).contiguous() : torch::Tensor();
     const torch::Tensor grad_entropy = mean.defined() && grad_outputs.size() > 1 && grad_outputs[1].defined()
                                            ? grad_outputs[1].to(stats_type).contiguous()
                                            : torch::Tensor();
-    const torch::Tensor none;
-    if (!grad_logp.defined() && !grad_entropy.defined()) return {none, none, none, none, none};
+    if (!grad_logp.defined() && !grad_entropy.defined()) return {torch::Tensor(), torch::Tensor()};
     const int64_t n = hidden.size(0), vocab = weight.size(0);
 
     torch::Tensor grad_hidden = want_hidden ? torch::empty_like(hidden) : torch::Tensor();
@@ -170,20 +135,94 @@ struct LinearLogprob : torch::autograd::Function<LinearLogprob> {
       }
       if (want_weight) grad_weight.addmm_(logits.t(), scaled_hidden);
     }
-    return {grad_hidden, grad_weight, none, none, none};
+    return {grad_hidden, grad_weight};
   }
 };
+
+// The forward: the softmax statistics chunk by chunk (the core kernels on CPU, one [C, V] buffer in the input dtype;
+// ATen ops elsewhere, plus float32 copies for 16-bit inputs and a work buffer); logp (and the entropy) get
+// LinearLogprobBackward when hidden or weight requires grad.
+inline LinearLogprobOutput linear_logprobs_forward(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                                   const torch::Tensor& targets, const LinearLogprobOptions& options,
+                                                   bool use_aten) {
+  torch::Tensor lse, chosen, mean;
+  int64_t chunk = 1;
+  double inverse_temperature = 1.0;
+  {
+    torch::NoGradGuard no_grad;
+    const int64_t n = hidden.size(0), vocab = weight.size(0);
+    chunk = std::max<int64_t>(1, std::min<int64_t>(options.chunk_size, n));
+    inverse_temperature = 1.0 / options.temperature;
+    const auto stats_options = hidden.options().dtype(compute_dtype(hidden.scalar_type()));
+    const bool with_mean = options.with_entropy;
+    lse = torch::empty({n}, stats_options);
+    chosen = torch::empty({n}, stats_options);
+    if (with_mean) mean = torch::empty({n}, stats_options);
+
+    torch::Tensor logits_buffer = torch::empty({chunk, vocab}, hidden.options());
+    torch::Tensor stats_buffer, work_buffer;
+    if (use_aten) {
+      if (stats_options.dtype() != hidden.dtype()) stats_buffer = torch::empty({chunk, vocab}, stats_options);
+      work_buffer = torch::empty({chunk, vocab}, stats_options);
+    }
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t rows = std::min(chunk, n - start);
+      torch::Tensor logits = logits_buffer.narrow(0, 0, rows);
+      at::mm_out(logits, hidden.narrow(0, start, rows) * inverse_temperature, weight.t());  // z / temperature
+      const torch::Tensor chunk_targets = targets.narrow(0, start, rows);
+      if (use_aten) {
+        if (stats_buffer.defined()) logits = stats_buffer.narrow(0, 0, rows).copy_(logits);
+        torch::Tensor work = work_buffer.narrow(0, 0, rows);
+        const ChunkSoftmax stats = aten_chunk_softmax(logits, with_mean, work);
+        chosen.narrow(0, start, rows).copy_(logits.gather(1, chunk_targets.unsqueeze(1)).squeeze(1));
+        lse.narrow(0, start, rows).copy_(stats.lse);
+        if (with_mean) mean.narrow(0, start, rows).copy_(stats.mean);
+        continue;
+      }
+      visit_floating_dtype(hidden.scalar_type(), "dapo::linear_logprobs", [&](auto compute_tag, auto storage_tag) {
+        using C = decltype(compute_tag);
+        using T = decltype(storage_tag);
+        core::softmax_statistics<C>(logits.data_ptr<T>(), rows, vocab, chunk_targets.data_ptr<int64_t>(),
+                                    lse.data_ptr<C>() + start, chosen.data_ptr<C>() + start,
+                                    with_mean ? mean.data_ptr<C>() + start : nullptr, AtenParallelFor{});
+      });
+    }
+  }
+  torch::Tensor logp, entropy;
+  {
+    torch::NoGradGuard no_grad;
+    logp = chosen - lse;
+    if (options.with_entropy) entropy = lse - mean;
+  }
+  if (torch::autograd::compute_requires_grad(hidden, weight)) {
+    const std::shared_ptr<LinearLogprobBackward> node(new LinearLogprobBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(hidden, weight));
+    node->hidden_ = torch::autograd::SavedVariable(hidden, /*is_output=*/false);
+    node->weight_ = torch::autograd::SavedVariable(weight, /*is_output=*/false);
+    node->targets = targets;
+    node->lse = lse;
+    node->mean = mean;
+    node->chunk = chunk;
+    node->inverse_temperature = inverse_temperature;
+    node->use_aten = use_aten;
+    torch::autograd::set_history(logp, node);
+    if (entropy.defined()) torch::autograd::set_history(entropy, node);
+  }
+  return {logp, entropy};
+}
 
 // linear_logprobs after validation; use_aten forces the ATen-op path (what non-CPU devices run) for tests on CPU.
 inline LinearLogprobOutput linear_logprobs_unchecked(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                      const torch::Tensor& targets, const LinearLogprobOptions& options,
                                                      bool use_aten) {
-  const auto outputs = LinearLogprob::apply(hidden.contiguous(), weight.contiguous(), targets.contiguous(), options,
-                                            use_aten || !hidden.device().is_cpu());
-  return {outputs[0], options.with_entropy ? outputs[1] : torch::Tensor()};
+  return linear_logprobs_forward(hidden.contiguous(), weight.contiguous(), targets.contiguous(), options,
+                                 use_aten || !hidden.device().is_cpu());
 }
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace detail
+
+inline namespace DAPO_KERNEL_ABI {
 
 // log p(targets | hidden @ weight.T / temperature), chunked; see the file comment. bfloat16 / float16 inputs: the
 // matrix products run in that dtype, the softmax statistics and the outputs in float32.
@@ -218,4 +257,5 @@ inline LinearLogprobOutput linear_logprobs(const torch::Tensor& hidden, const to
   return detail::linear_logprobs_unchecked(hidden, weight, targets, options, /*use_aten=*/false);
 }
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace dapo

@@ -14,7 +14,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/types.h>
 
 #include "dapo/core/accumulation.hpp"
@@ -36,10 +37,6 @@ inline PolicyLossKernelFn& cuda_policy_loss_kernel() {
   return kernel;
 }
 
-inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
-                                                           const torch::Tensor& advantages, const torch::Tensor& mask,
-                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad);
-
 template <class Fn>
 void visit_mask_dtype(torch::ScalarType dtype, const Fn& fn) {
   switch (dtype) {
@@ -58,45 +55,63 @@ void visit_mask_dtype(torch::ScalarType dtype, const Fn& fn) {
   }
 }
 
-// Forward: the fused kernel, saving the raw gradient. Backward: raw gradient * (grad_output * grad_scale).
-struct FusedPolicyLoss : torch::autograd::Function<FusedPolicyLoss> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logp,
-                                                const torch::Tensor& old_logp, const torch::Tensor& advantages,
-                                                const torch::Tensor& mask, const PolicyLossOptions& options) {
-    const auto compute_type = compute_dtype(logp.scalar_type());
-    const torch::Tensor logp_c = logp.contiguous(), old_logp_c = old_logp.contiguous(), mask_c = mask.contiguous();
-    const torch::Tensor advantages_c = advantages.to(compute_type).contiguous();
-    const bool want_grad = logp.requires_grad();
-    torch::Tensor raw_grad =
-        want_grad ? torch::empty(logp.sizes(), logp.options().dtype(compute_type)) : torch::Tensor();
+// Everything below whose body runs the CPU kernel: see <dapo/core/kernel_abi.hpp>.
+inline namespace DAPO_KERNEL_ABI {
 
-    const core::PolicyLossKernelResult out =
-        logp.is_cuda() ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad)
-                       : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad);
+inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                                           const torch::Tensor& advantages, const torch::Tensor& mask,
+                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad);
 
-    const auto scalar = [&](double value) { return torch::scalar_tensor(value, logp.options().dtype(compute_type)); };
-    torch::Tensor loss = scalar(out.result.loss), clip_fraction = scalar(out.result.clip_fraction),
-                  dual_clip_fraction = scalar(out.result.dual_clip_fraction), approx_kl = scalar(out.result.approx_kl);
-    ctx->mark_non_differentiable({clip_fraction, dual_clip_fraction, approx_kl});
-    ctx->save_for_backward({raw_grad});
-    ctx->saved_data["grad_scale"] = out.grad_scale;
-    ctx->saved_data["logp_dtype"] = static_cast<int64_t>(logp.scalar_type());
-    return {loss, clip_fraction, dual_clip_fraction, approx_kl};
-  }
+// The backward of the fused loss: d loss / d logp = raw_grad * grad_scale, times the incoming gradient. An autograd
+// Node of its own, not a torch::autograd::Function: g++ 14 at -O3 reports a false -Warray-bounds inside LibTorch 2.x's
+// Function<T>::apply (its std::vector<bool>::reserve), which would stop a consumer building with -Werror, and no
+// pragma in this header reaches a warning located in the standard library's headers.
+struct PolicyLossBackward : torch::autograd::Node {
+  torch::Tensor raw_grad;  // [B, T] in the compute dtype
+  double grad_scale = 0.0;
+  torch::ScalarType logp_dtype = torch::kFloat32;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 const torch::autograd::variable_list& grad_outputs) {
-    const torch::Tensor raw_grad = ctx->get_saved_variables()[0];
-    const double grad_scale = ctx->saved_data["grad_scale"].toDouble();
-    const auto logp_dtype = static_cast<torch::ScalarType>(ctx->saved_data["logp_dtype"].toInt());
+  std::string name() const override { return "dapo::PolicyLossBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grad_outputs) override {
     torch::Tensor grad_logp;
     if (raw_grad.defined() && grad_outputs[0].defined()) {
       grad_logp = raw_grad.mul(grad_outputs[0].to(raw_grad.scalar_type()) * grad_scale);
       if (grad_logp.scalar_type() != logp_dtype) grad_logp = grad_logp.to(logp_dtype);
     }
-    return {grad_logp, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_logp};
   }
+  void release_variables() override { raw_grad.reset(); }
 };
+
+// The fused kernel (CPU, or CUDA when registered); the loss gets PolicyLossBackward when logp requires grad, the
+// metrics are never differentiable.
+inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                          const torch::Tensor& advantages, const torch::Tensor& mask,
+                                          const PolicyLossOptions& options) {
+  const auto compute_type = compute_dtype(logp.scalar_type());
+  const bool want_grad = torch::autograd::compute_requires_grad(logp);
+  torch::Tensor raw_grad;
+  core::PolicyLossKernelResult out;
+  {
+    const torch::NoGradGuard no_grad;  // the copies below are inputs of the kernel, not part of the graph
+    const torch::Tensor logp_c = logp.contiguous(), old_logp_c = old_logp.contiguous(), mask_c = mask.contiguous();
+    const torch::Tensor advantages_c = advantages.to(compute_type).contiguous();
+    if (want_grad) raw_grad = torch::empty(logp.sizes(), logp.options().dtype(compute_type));
+    out = logp.is_cuda() ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad)
+                         : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad);
+  }
+  const auto scalar = [&](double value) { return torch::scalar_tensor(value, logp.options().dtype(compute_type)); };
+  torch::Tensor loss = scalar(out.result.loss);
+  if (want_grad) {
+    const std::shared_ptr<PolicyLossBackward> node(new PolicyLossBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(logp));
+    node->raw_grad = std::move(raw_grad);
+    node->grad_scale = out.grad_scale;
+    node->logp_dtype = logp.scalar_type();
+    torch::autograd::set_history(loss, node);
+  }
+  return {loss, scalar(out.result.clip_fraction), scalar(out.result.dual_clip_fraction), scalar(out.result.approx_kl)};
+}
 
 inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                                            const torch::Tensor& advantages, const torch::Tensor& mask,
@@ -117,7 +132,10 @@ inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& 
   return out;
 }
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace detail
+
+inline namespace DAPO_KERNEL_ABI {  // see <dapo/core/kernel_abi.hpp>
 
 // DAPO Eq. 8 objective, negated as a loss to minimise. Validates every argument first; see the file comment for shapes.
 // With no masked token the loss and metrics are 0 (group-token-mean instead requires a token in every group).
@@ -132,9 +150,10 @@ inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tens
     detail::check_policy_loss_data(mask, options, kWhere);
     return detail::composite_policy_loss(logp, old_logp, advantages, mask, options);
   }
-  const auto outputs = detail::FusedPolicyLoss::apply(logp, old_logp.detach(), advantages.detach(), mask, options);
-  return {outputs[0], outputs[1], outputs[2], outputs[3]};
+  return detail::fused_policy_loss(logp, old_logp.detach(), advantages.detach(), mask, options);
 }
+
+}  // namespace DAPO_KERNEL_ABI
 
 // The counts of a mini-batch's mask [B, T] (bool or floating, 0 and 1) for micro_batch_options; with data parallel,
 // of this rank's share, then summed over ranks (MiniBatchCounts::operator+=). Counted on the CPU (a CUDA mask is

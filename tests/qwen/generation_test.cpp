@@ -1,9 +1,13 @@
-// Sampling with Hugging Face's processor semantics, and generation: seeds, stops, truncation, returned log-probs.
+// Sampling with Hugging Face's processor semantics, and generation: seeds, stops, truncation, returned log-probs, and
+// what it allocates (a tracking CPU allocator): no prompt x vocabulary logits, the KV cache in autocast's dtype.
 #include <torch/torch.h>
 
+#include "qwen_gsm8k/common/memory_tracker.hpp"
+#include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
+#include "support/tiny_model.hpp"
 
 TEST_CASE("processors: repetition penalty divides positive and multiplies negative scores of seen tokens") {
   const auto logits = torch::tensor({{2.0f, -1.0f, 0.5f, 3.0f}});
@@ -81,4 +85,59 @@ TEST_CASE("generation: seeded draws repeat, stops end rows, truncation and log-p
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(qwen::generate(model, {{1, 600}}, options), doctest::Contains("holds token 600"),
                        std::invalid_argument);
+}
+
+TEST_CASE("generation: the prefill runs the lm-head on the last prompt position only (no prompt x vocab logits)") {
+  // The Qwen2.5 vocabulary with a tiny body: logits of every prompt position would be P x V floats per row.
+  torch::manual_seed(0);
+  qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(151936, 64, 4, 2, 2));
+  constexpr int64_t kPrompt = 256;
+  std::vector<std::vector<int64_t>> prompts(2);
+  for (int64_t t = 0; t < kPrompt; ++t) {
+    prompts[0].push_back(1000 + t);
+    prompts[1].push_back(2000 + 3 * t);
+  }
+  qwen::GenerationOptions options;
+  options.max_new_tokens = 3;
+  options.sampling = {.temperature = 0.0};
+  const int64_t prompt_logits_bytes = kPrompt * 151936 * 4;  // one row's prompt x vocab float32 logits: 155 MB
+  qwen::CpuMemoryTracker tracker;
+  const int64_t held = tracker.current_bytes();
+  const auto out = qwen::generate(model, prompts, options);
+  CHECK(out.tokens.size(1) == 3);
+  const int64_t peak = tracker.peak_bytes() - held;
+  CAPTURE(peak);
+  CAPTURE(tracker.largest_allocation());
+  CHECK(tracker.largest_allocation() < prompt_logits_bytes / 8);
+  CHECK(peak < prompt_logits_bytes / 4);  // measured: 7.8 MB
+
+  // The control: the full forward over the prompt does make such a tensor, and the tracker sees it.
+  tracker.reset_peak();
+  torch::NoGradGuard no_grad;
+  const auto [ids, mask] = qwen::left_pad(prompts, 0, torch::kCPU);
+  const auto logits = model->forward(ids, mask, qwen::position_ids_from_mask(mask));
+  CHECK(tracker.largest_allocation() >= 2 * prompt_logits_bytes);
+}
+
+TEST_CASE("generation: under autocast the KV cache holds autocast's dtype, not the float32 master weights'") {
+  torch::manual_seed(0);
+  // Sizes chosen so that a cache buffer's byte count is unlike any other tensor's here: [B, KV, S, D] = [3, 2, 17, 14].
+  qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(97, 56, 4, 2, 2));
+  const std::vector<std::vector<int64_t>> prompts{{5, 6, 7, 8, 9, 10, 11, 12}, {13, 14}, {15, 16, 17}};
+  qwen::GenerationOptions options;
+  options.max_new_tokens = 9;  // S = 8 + 9
+  options.sampling = {.temperature = 0.0};
+  const int64_t elements = 3 * 2 * 17 * 14, buffers = 2 * 2;  // keys and values of 2 layers
+  {
+    qwen::CpuMemoryTracker tracker;  // the control: float32 weights without autocast give a float32 cache
+    qwen::generate(model, prompts, options);
+    CHECK(tracker.allocations_of(elements * 4) == buffers);
+    CHECK(tracker.allocations_of(elements * 2) == 0);
+  }
+  qwen::CpuMemoryTracker tracker;
+  const qwen::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+  const auto out = qwen::generate(model, prompts, options);
+  CHECK(out.lengths.eq(9).all().item<bool>());
+  CHECK(tracker.allocations_of(elements * 2) == buffers);
+  CHECK(tracker.allocations_of(elements * 4) == 0);
 }

@@ -6,6 +6,7 @@
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 #include "support/tensors.hpp"
+#include "support/tiny_model.hpp"
 
 namespace {
 
@@ -145,4 +146,24 @@ TEST_CASE("bfloat16 weights run end to end with float32 norms and softmax, close
   const double error = (logits.to(torch::kFloat64) - golden.logits).abs().masked_select(real).max().item<double>();
   const double scale = golden.logits.abs().max().item<double>();
   CHECK(error < 0.05 * scale);
+}
+
+TEST_CASE(
+    "RoPE's inverse frequencies: a float32 buffer of the model (moved with it), out of checkpoints, never copied") {
+  qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(32, 16, 2, 1, 1));  // rope_theta 10000
+  const auto buffers = model->named_buffers();
+  REQUIRE(buffers.contains("model.rotary_emb.inv_freq"));  // Hugging Face's name
+  const torch::Tensor inv_freq = buffers["model.rotary_emb.inv_freq"];
+  CHECK(inv_freq.dim() == 1);
+  CHECK(inv_freq.size(0) == 4);  // head_dim / 2
+  CHECK(inv_freq[1].item<float>() == doctest::Approx(std::pow(10000.0, -2.0 / 8.0)));
+  CHECK_FALSE(model->named_parameters().contains("model.rotary_emb.inv_freq"));  // parameters are what is saved
+
+  model->to(torch::kFloat64);  // the weights change dtype, the angles stay float32 as in Hugging Face
+  CHECK(dapo::test::dtype_name(model->lm_head_weight()) == "Double");
+  CHECK(dapo::test::dtype_name(model->model->rotary_emb->inv_freq) == "Float");
+  // Positions on another device than the model are refused, not met by copying the table there in every forward (what
+  // a CUDA decode step used to do from the host). The meta device stands in for a GPU here.
+  const auto ids = torch::zeros({1, 3}, torch::TensorOptions().dtype(torch::kInt64).device(torch::kMeta));
+  CHECK_THROWS_WITH_AS(model->model->rotary_emb(ids), doctest::Contains("but the model is on cpu"), c10::Error);
 }

@@ -1,4 +1,5 @@
 // `qwen_gsm8k train`: DAPO (or the GRPO baseline) on GSM8K JSON lines with a Hugging Face Qwen2.5 model directory.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -83,6 +84,9 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
   if (device.is_cuda() && !device.has_index() && distributed.world_size > 1) {
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed.local_rank));
   }
+  // This rank's GPU becomes the current one, as torchrun scripts call torch.cuda.set_device(local_rank): streams,
+  // NCCL and any allocation without an explicit device then stay on it instead of GPU 0.
+  if (device.is_cuda() && device.has_index()) c10::impl::getDeviceGuardImpl(device.type())->setDevice(device);
   const auto communicator = Communicator::create(distributed, device);
   const auto dtype = command.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
   const auto bad = command.skip_bad_lines ? BadLines::kSkip : BadLines::kError;

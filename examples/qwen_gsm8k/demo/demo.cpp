@@ -166,7 +166,7 @@ TrainOptions demo_train_options(const DemoOptions& options) {
   train.ppo_mini_batch_size = options.rl_mini_groups;  // several updates per step: all but the first are off-policy
   train.ppo_epochs = options.ppo_epochs;
   train.cosine_schedule = options.cosine_schedule;
-  train.max_num_gen_batches = 8;
+  train.max_num_gen_batches = options.max_num_gen_batches;
   train.max_new_tokens = 64;
   train.rewards.overlong_cache = 8;  // answers are ~50 tokens; shaping starts at 56
   train.sampling.temperature = 1.0;

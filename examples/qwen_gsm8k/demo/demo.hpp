@@ -34,11 +34,12 @@ struct DemoOptions {
   double sft_lr = 3e-3;
   int64_t rl_steps = 40;  // DAPO / GRPO steps
   double rl_lr = 6e-4;
-  int64_t rl_groups = 32;       // prompts (groups) per step
-  int64_t rl_mini_groups = 16;  // groups per update: rl_groups / rl_mini_groups updates per epoch
-  int64_t rollout_n = 8;        // responses per prompt
-  int64_t ppo_epochs = 2;       // passes over each step's batch: updates after the first are off-policy
-  bool cosine_schedule = true;  // decay the RL learning rate to 0 over the run
+  int64_t rl_groups = 32;           // prompts (groups) per step
+  int64_t rl_mini_groups = 16;      // groups per update: rl_groups / rl_mini_groups updates per epoch
+  int64_t rollout_n = 8;            // responses per prompt
+  int64_t ppo_epochs = 2;           // passes over each step's batch: updates after the first are off-policy
+  int64_t max_num_gen_batches = 8;  // dynamic sampling's generation rounds per step before it gives up
+  bool cosine_schedule = true;      // decay the RL learning rate to 0 over the run
   int64_t eval_every = 5;
   int64_t eval_problems = 200;  // held-out problems
   bool quiet = false;

@@ -33,6 +33,33 @@ int64_t now_ms() {
       .count();
 }
 
+// LibTorch >= 2.4 asks for the libuv TCPStore server by default (useLibUV = true), which builds without libuv, such as
+// Debian's, refuse ("use_libuv was requested but PyTorch was build without libuv support"). The store then falls back
+// to the classic server, which speaks the same protocol to every client. Older LibTorch has no such option.
+template <class Options>
+bool asks_for_libuv(const Options& options) {
+  if constexpr (requires { options.useLibUV; }) {
+    return options.useLibUV;
+  } else {
+    return false;
+  }
+}
+
+template <class Options>
+void without_libuv(Options& options) {
+  if constexpr (requires { options.useLibUV; }) options.useLibUV = false;
+}
+
+c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& host, c10d::TCPStoreOptions& options) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const std::exception& error) {
+    if (!asks_for_libuv(options) || std::string(error.what()).find("libuv") == std::string::npos) throw;
+  }
+  without_libuv(options);
+  return c10::make_intrusive<c10d::TCPStore>(host, options);
+}
+
 std::optional<std::string> environment(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return std::nullopt;
@@ -89,11 +116,11 @@ std::shared_ptr<Communicator> Communicator::create(const DistributedConfig& conf
   options.waitWorkers = true;
   options.timeout = config.timeout;
   try {
-    communicator->store_ = c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
+    communicator->store_ = connect_store(config.master_addr, options);
     options.isServer = false;  // the heartbeat thread's own connection
     options.numWorkers = c10::nullopt;
     options.waitWorkers = false;
-    communicator->heartbeat_store_ = c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
+    communicator->heartbeat_store_ = connect_store(config.master_addr, options);
   } catch (const std::exception& error) {
     throw std::runtime_error("rank " + std::to_string(config.rank) + ": rendezvous at " + config.master_addr + ":" +
                              std::to_string(config.master_port) + " failed (" + error.what() + "); are all " +

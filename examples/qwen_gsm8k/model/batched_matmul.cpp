@@ -3,6 +3,9 @@
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
 #include <algorithm>
 #include <climits>
@@ -151,24 +154,39 @@ torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b) {
   return torch::bmm(a, b);
 }
 
-// bmm's autograd as LibTorch's: d a = grad bmm b^T, d b = a^T bmm grad.
-class BatchedMatmul : public torch::autograd::Function<BatchedMatmul> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& a,
-                               const torch::Tensor& b) {
-    context->save_for_backward({a, b});
-    return product(a, b);
+// bmm's autograd as LibTorch's: d a = grad bmm b^T, d b = a^T bmm grad. An autograd Node rather than a
+// torch::autograd::Function: g++ 14 reports a false -Warray-bounds inside LibTorch 2.x's Function<T>::apply.
+struct BatchedMatmulBackward : torch::autograd::Node {
+  torch::autograd::SavedVariable a, b;  // [batch, M, K], [batch, K, N]
+
+  std::string name() const override { return "qwen::BatchedMatmulBackward"; }
+  void release_variables() override {
+    a.reset_data();
+    b.reset_data();
   }
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context,
-                                               torch::autograd::tensor_list grads) {
-    const auto saved = context->get_saved_variables();
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     const torch::Tensor& grad = grads[0];
     torch::Tensor grad_a, grad_b;
-    if (context->needs_input_grad(0)) grad_a = product(grad, saved[1].transpose(1, 2));
-    if (context->needs_input_grad(1)) grad_b = product(saved[0].transpose(1, 2), grad);
+    if (!grad.defined()) return {grad_a, grad_b};
+    if (should_compute_output(0)) grad_a = product(grad, b.unpack().transpose(1, 2));
+    if (should_compute_output(1)) grad_b = product(a.unpack().transpose(1, 2), grad);
     return {grad_a, grad_b};
   }
 };
+
+torch::Tensor differentiable_product(const torch::Tensor& a, const torch::Tensor& b) {
+  torch::Tensor out;
+  {
+    const torch::NoGradGuard no_grad;  // the product's own copies are not part of the graph
+    out = product(a, b);
+  }
+  const std::shared_ptr<BatchedMatmulBackward> node(new BatchedMatmulBackward(), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(a, b));
+  node->a = torch::autograd::SavedVariable(a, /*is_output=*/false);
+  node->b = torch::autograd::SavedVariable(b, /*is_output=*/false);
+  torch::autograd::set_history(out, node);
+  return out;
+}
 
 }  // namespace
 
@@ -187,7 +205,7 @@ bool direct_batched_matmul_available() {
 torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b) {
   if (!cpu_float(a)) return torch::bmm(a, b);
   if (torch::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) {
-    return BatchedMatmul::apply(a, b);
+    return differentiable_product(a, b);
   }
   return product(a, b);
 }

@@ -1,6 +1,8 @@
 // The decode loop: prefill once, then one token per step for the whole batch; finished rows keep emitting padding.
 #include "qwen_gsm8k/model/generation.hpp"
 
+#include "qwen_gsm8k/model/autocast.hpp"
+
 #include <stdexcept>
 #include <string>
 
@@ -67,7 +69,10 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
   generator.set_current_seed(options.seed);
   std::unique_ptr<KVCache> cache;
   if (options.use_cache) {
-    cache = std::make_unique<KVCache>(model->config(), batch, width + new_tokens, weights.options());
+    // Keys and values in the dtype the projections produce: autocast's (bfloat16 over float32 master weights: half the
+    // cache) when it is on, else the weights'.
+    const auto cache_dtype = active_autocast_dtype(device).value_or(weights.scalar_type());
+    cache = std::make_unique<KVCache>(model->config(), batch, width + new_tokens, weights.options().dtype(cache_dtype));
   }
   const torch::Tensor stop_ids = torch::tensor(options.stop_ids.empty() ? std::vector<int64_t>{-1} : options.stop_ids,
                                                torch::TensorOptions().dtype(torch::kInt64).device(device));

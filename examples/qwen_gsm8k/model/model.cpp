@@ -22,16 +22,27 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * normed.to(input_dtype);
 }
 
-RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta) {
+RotaryEmbeddingImpl::RotaryEmbeddingImpl(int64_t head_dim, double theta) {
   const torch::Tensor exponents = torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) / head_dim;
-  inverse_frequency_ = 1.0 / torch::pow(theta, exponents);
+  inv_freq = register_buffer("inv_freq", 1.0 / torch::pow(theta, exponents));
 }
 
-std::pair<torch::Tensor, torch::Tensor> RotaryEmbedding::operator()(const torch::Tensor& position_ids) const {
-  const torch::Tensor frequencies =
-      position_ids.to(torch::kFloat32).unsqueeze(-1) * inverse_frequency_.to(position_ids.device());  // [B, T, D / 2]
-  const torch::Tensor angles = torch::cat({frequencies, frequencies}, -1);                            // [B, T, D]
+std::pair<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(const torch::Tensor& position_ids) const {
+  TORCH_CHECK(inv_freq.device() == position_ids.device(), "rotary_emb: position_ids are on ", position_ids.device(),
+              " but the model is on ", inv_freq.device(), " (move the model with model->to(device))");
+  const torch::Tensor frequencies = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, D / 2]
+  const torch::Tensor angles = torch::cat({frequencies, frequencies}, -1);                      // [B, T, D]
   return {angles.cos(), angles.sin()};
+}
+
+void RotaryEmbeddingImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+}
+
+void RotaryEmbeddingImpl::to(torch::Dtype /*dtype*/, bool /*non_blocking*/) {}
+
+void RotaryEmbeddingImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
 }
 
 namespace {
@@ -74,14 +85,21 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
 
   torch::Tensor attended;
 #if TORCH_VERSION_MAJOR >= 2
-  key = repeat_kv(key, heads_ / kv_heads_);
-  value = repeat_kv(value, heads_ / kv_heads_);
   // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
   const double lowest = query.scalar_type() == torch::kBFloat16 ? -3.38e38
                         : query.scalar_type() == torch::kHalf
                             ? -65504.0
                             : static_cast<double>(std::numeric_limits<float>::lowest());
-  attended = at::scaled_dot_product_attention(query, key, value, mask.clamp_min(lowest).to(query.scalar_type()));
+  const torch::Tensor attention_mask = mask.clamp_min(lowest).to(query.scalar_type());
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
+  // Grouped-query attention inside SDPA: the backends that support it read the shared K/V heads in place, the others
+  // expand them themselves; no copy of the whole cache per decode step here.
+  attended = at::scaled_dot_product_attention(query, key, value, attention_mask, 0.0, false, std::nullopt,
+                                              /*enable_gqa=*/heads_ != kv_heads_);
+#else
+  attended = at::scaled_dot_product_attention(query, repeat_kv(key, heads_ / kv_heads_),
+                                              repeat_kv(value, heads_ / kv_heads_), attention_mask);
+#endif
 #else
   // Eager attention: scores in the weights' dtype, mask and softmax in float32 (modeling_qwen2's eager path). The
   // products are torch::matmul's with repeat_kv's heads, bit for bit, without LibTorch 1.x's per-matrix overhead
@@ -126,11 +144,12 @@ torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {
   return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1);
 }
 
-Qwen2ModelImpl::Qwen2ModelImpl(const Config& config) : config_(config), rotary_(config.head_dim(), config.rope_theta) {
+Qwen2ModelImpl::Qwen2ModelImpl(const Config& config) : config_(config) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(DecoderLayer(config));
   norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+  rotary_emb = register_module("rotary_emb", RotaryEmbedding(config.head_dim(), config.rope_theta));
 }
 
 torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
@@ -151,7 +170,7 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
                                  .masked_fill(~allowed, std::numeric_limits<float>::lowest());
 
   torch::Tensor hidden = embed_tokens(input_ids);
-  const auto [cos, sin] = rotary_(position_ids);
+  const auto [cos, sin] = rotary_emb(position_ids);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     hidden = layers[static_cast<std::size_t>(i)]->as<DecoderLayerImpl>()->forward(hidden, cos, sin, mask, cache, i);
   }

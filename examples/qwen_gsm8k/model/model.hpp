@@ -27,15 +27,23 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-class RotaryEmbedding {
+// RoPE's inverse frequencies as a buffer ("rotary_emb.inv_freq", as in Hugging Face, where it is not persistent: not in
+// the checkpoint), so that model->to(device) moves it with the weights and a forward never copies it from the host.
+// It stays float32 whatever dtype the model is cast to (the angles are computed in float32, as Hugging Face does).
+class RotaryEmbeddingImpl : public torch::nn::Module {
  public:
-  RotaryEmbedding(int64_t head_dim, double theta);
+  RotaryEmbeddingImpl(int64_t head_dim, double theta);
   // cos, sin [B, T, D] for position_ids [B, T], in float32.
-  std::pair<torch::Tensor, torch::Tensor> operator()(const torch::Tensor& position_ids) const;
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& position_ids) const;
 
- private:
-  torch::Tensor inverse_frequency_;  // [D / 2]
+  // Device moves only: the buffer keeps float32 under to(dtype).
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
+  torch::Tensor inv_freq;  // [D / 2] float32
 };
+TORCH_MODULE(RotaryEmbedding);
 
 class AttentionImpl : public torch::nn::Module {
  public:
@@ -83,10 +91,10 @@ class Qwen2ModelImpl : public torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
+  RotaryEmbedding rotary_emb{nullptr};
 
  private:
   Config config_;
-  RotaryEmbedding rotary_;
 };
 TORCH_MODULE(Qwen2Model);
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "qwen_gsm8k/text/tokenizer.hpp"
@@ -44,8 +45,9 @@ json read_json_file(const fs::path& path) {
   }
 }
 
-// A JSON field that must exist and have the right kind; `name` is its dotted path for the message.
-const json& require_field(const json& object, const char* key, const std::string& name, const fs::path& path) {
+// A JSON field that must exist and have the right kind; `name` is its dotted path for the message. (A string_view, not
+// a const std::string&: g++ 14 takes a temporary name bound to a reference as a sign that the result dangles.)
+const json& require_field(const json& object, const char* key, std::string_view name, const fs::path& path) {
   if (!object.is_object() || !object.contains(key)) fail(path, concat("missing \"", name, "\""));
   return object.at(key);
 }

@@ -101,6 +101,7 @@ nlohmann::json Trainer::step() {
   metrics["clip_fraction_by_minibatch"] = out.clip_fraction_by_update;
   metrics["entropy"] = out.entropy;
   metrics["grad_norm"] = out.grad_norm;
+  metrics["skipped_updates"] = out.skipped_updates;
   metrics["batch_accuracy"] = batch_accuracy(groups);
   metrics["update_tokens_per_second"] = out.tokens_per_second;
   metrics["update_seconds"] = out.seconds;

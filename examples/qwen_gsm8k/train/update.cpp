@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 
 namespace qwen {
@@ -12,6 +13,7 @@ namespace qwen {
 // This rank's parts of the step's sums, all-reduced at the end.
 struct PolicyUpdate::Sums {
   double dual_clipped = 0, kl = 0, loss = 0, grad_norm = 0, entropy = 0, lr = 0;
+  int64_t skipped = 0;                                      // updates whose gradient norm was not finite
   std::vector<double> clipped_by_update, tokens_by_update;  // clipped tokens and all tokens, per update
 };
 
@@ -69,6 +71,8 @@ void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& m
   const dapo::PolicyLossOptions share_options = dapo::micro_batch_options(loss_options, mini.counts);
   optimizer.zero_grad();
   double loss = 0, clipped = 0;
+  std::vector<double> dual_clipped,
+      kl;  // per micro-batch, added to the step's sums (in order) if the update is applied
   for (const MicroBatch& micro : mini.micro_batches) {
     const auto rows = [&](const torch::Tensor& tensor) { return tensor.narrow(0, micro.first_row, micro.rows); };
     const torch::Tensor mask = rows(padded.loss_mask).narrow(1, 0, micro.length - 1);
@@ -82,18 +86,29 @@ void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& m
     const double micro_tokens = mask.sum().item<double>();
     loss += out.loss.item<double>();
     clipped += out.clip_fraction.item<double>() * micro_tokens;
-    sums.dual_clipped += out.dual_clip_fraction.item<double>() * micro_tokens;
-    sums.kl += out.approx_kl.item<double>() * micro_tokens;
+    dual_clipped.push_back(out.dual_clip_fraction.item<double>() * micro_tokens);
+    kl.push_back(out.approx_kl.item<double>() * micro_tokens);
   }
   communicator.all_reduce_gradients(model->parameters());  // the sum of the ranks' shares: the mini-batch's gradient
   const double grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), options.grad_clip);
+  sums.lr = lr;
+  sums.tokens_by_update.push_back(mini.counts.tokens);
+  if (!std::isfinite(grad_norm)) {
+    // A NaN or infinity anywhere in the summed gradient (every rank sees the same norm): skip the update, as verl's
+    // actor does, so that neither the weights nor AdamW's moments take it in, and leave its loss and clip counts out
+    // of the step's metrics. The schedule's clock still advances.
+    optimizer.zero_grad();
+    sums.clipped_by_update.push_back(0.0);
+    ++sums.skipped;
+    return;
+  }
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   optimizer.step();
   sums.loss += loss;
   sums.grad_norm += grad_norm;
-  sums.lr = lr;
+  for (const double value : dual_clipped) sums.dual_clipped += value;
+  for (const double value : kl) sums.kl += value;
   sums.clipped_by_update.push_back(clipped);
-  sums.tokens_by_update.push_back(mini.counts.tokens);
 }
 
 UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
@@ -106,7 +121,9 @@ UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
   const auto updates = static_cast<double>(sums.clipped_by_update.size());
   const double counted = std::max(total_tokens * static_cast<double>(options.ppo_epochs), 1.0);
   UpdateMetrics metrics;
-  metrics.loss = totals[2] / updates;
+  // Loss and gradient norm: means over the updates that were applied.
+  const auto applied = std::max(updates - static_cast<double>(sums.skipped), 1.0);
+  metrics.loss = totals[2] / applied;
   metrics.clip_fraction = clipped / counted;
   metrics.dual_clip_fraction = totals[0] / counted;
   metrics.approx_kl = totals[1] / counted;
@@ -115,7 +132,8 @@ UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
     metrics.clip_fraction_by_update.push_back(tokens > 0 ? sums.clipped_by_update[i] / tokens : 0.0);
   }
   metrics.entropy = total_tokens > 0 ? totals[3] / total_tokens : 0.0;
-  metrics.grad_norm = sums.grad_norm / updates;
+  metrics.grad_norm = sums.grad_norm / applied;
+  metrics.skipped_updates = sums.skipped;
   metrics.lr = sums.lr;
   return metrics;
 }

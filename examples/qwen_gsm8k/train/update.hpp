@@ -38,11 +38,12 @@ std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_g
 
 // The step's update, summed over the ranks.
 struct UpdateMetrics {
-  double loss = 0.0;                                                      // mean over updates of the mini-batch loss
+  double loss = 0.0;  // mean over applied updates of the mini-batch loss
   double clip_fraction = 0.0, dual_clip_fraction = 0.0, approx_kl = 0.0;  // over all updates' tokens
   std::vector<double> clip_fraction_by_update;                            // one per optimizer update, in order
   double entropy = 0.0;                           // mean over the batch's loss tokens, under the old policy
-  double grad_norm = 0.0;                         // mean over updates, before clipping
+  double grad_norm = 0.0;                         // mean over applied updates, before clipping
+  int64_t skipped_updates = 0;                    // updates skipped for a non-finite gradient norm (weights untouched)
   double lr = 0.0;                                // of the last update
   double seconds = 0.0, tokens_per_second = 0.0;  // forward + backward tokens (old log-probs included)
 };

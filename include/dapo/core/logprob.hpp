@@ -15,6 +15,7 @@
 
 namespace dapo {
 namespace detail {
+inline namespace DAPO_KERNEL_ABI {  // see kernel_abi.hpp
 
 // One row's statistics: max, then sum exp(z - max) and sum exp(z - max) * z. Vector partial sums cover blocks of
 // 64 registers and are promoted to double, so long rows (V = 151936) keep float32 sums accurate.
@@ -103,9 +104,11 @@ struct LogitsGradRowKernel {
   }
 };
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace detail
 
 namespace core {
+inline namespace DAPO_KERNEL_ABI {
 
 // For each row r of logits [R, V] (element type T; statistics in C = float or double, exp in the SIMD arithmetic of
 // C): lse[r] = logsumexp(z_r), chosen[r] = z_r[targets[r]], and, when mean is not null, mean[r] = E_softmax(z_r)[z_r],
@@ -152,5 +155,6 @@ void logprob_logits_grad(T* logits, int64_t rows, int64_t vocab, const int64_t* 
   });
 }
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace core
 }  // namespace dapo

@@ -233,6 +233,7 @@ struct PolicyLossSums {
 }  // namespace core
 
 namespace detail {
+inline namespace DAPO_KERNEL_ABI {  // the CPU kernel: see kernel_abi.hpp
 
 // Sums of one block of rows, in double. Blocks are fixed by the shape, not by the thread count, and are added in
 // order, so results do not depend on how many threads ran.
@@ -384,9 +385,11 @@ void scale_rows(G* grad, int64_t first_row, int64_t last_row, int64_t cols, doub
   for (int64_t i = first_row * cols; i < last_row * cols; ++i) grad[i] *= scale;
 }
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace detail
 
 namespace core {
+inline namespace DAPO_KERNEL_ABI {  // the CPU kernel: see kernel_abi.hpp
 
 // The loss, the metrics and grad_scale from the weighted sums of a whole batch (any device's kernel). grad_scale is
 // the batch-wide factor of the aggregation: 1 / the count it divides by, this call's own or the options' global one.
@@ -540,5 +543,6 @@ PolicyLossResult policy_loss(std::span<const T> logp, std::span<const T> old_log
   return out.result;
 }
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace core
 }  // namespace dapo

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "dapo/core/error.hpp"
+#include "dapo/core/kernel_abi.hpp"
 
 // "float_lanes is 3, expected 0 (the widest this CPU runs), 1, 4, 8 or 16 that this CPU runs (at most 8)"
 #define DAPO_SIMD_REQUIRE(condition, where, requested)                                                \
@@ -36,6 +37,7 @@
 #endif
 
 namespace dapo::simd {
+inline namespace DAPO_KERNEL_ABI {  // see kernel_abi.hpp
 
 template <class C>
 struct Scalar {
@@ -275,4 +277,5 @@ inline int resolve_float_lanes(int requested, const char* where) {
   return requested == 0 ? widest_float_lanes() : requested;
 }
 
+}  // namespace DAPO_KERNEL_ABI
 }  // namespace dapo::simd

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include <vector>
 
@@ -20,10 +21,13 @@ inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor&
                                                             const torch::Tensor& advantages, const torch::Tensor& mask,
                                                             const PolicyLossOptions& options, torch::Tensor& raw_grad) {
   constexpr const char* kWhere = "dapo::policy_loss";
+  // The inputs' GPU, which need not be the current one (a data-parallel rank on GPU r, whose current device is still
+  // 0): the partials are allocated there and the kernel launches on that GPU's current stream.
+  const c10::cuda::CUDAGuard device_guard(logp.device());
   const int64_t rows = logp.size(0), cols = logp.size(1);
   const int64_t units = policy_loss_units(rows, options);
   torch::Tensor partials = torch::empty({units, kUnitFields}, logp.options().dtype(torch::kFloat64));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(logp.device().index());
   cudaError_t status = cudaSuccess;
   dapo::detail::visit_floating_dtype(logp.scalar_type(), kWhere, [&](auto compute_tag, auto storage_tag) {
     using C = decltype(compute_tag);

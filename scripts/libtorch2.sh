@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The LibTorch 2.x leg: a Debian 13 root (LibTorch 2.6 and the rest of scripts/packages.txt) made once with mmdebstrap
+# and cached outside the clone, then used with chroot. Needs root (chroot, mounts) and Debian's package archive.
+#   scripts/libtorch2.sh test [ctest args]   build everything in build-libtorch2/ inside the root and run the tests
+#   scripts/libtorch2.sh cuda                compile the CUDA build against Debian 13's libtorch-cuda-dev headers
+#                                            with /usr/local/cuda's nvcc, in build-cuda/ (see docs/platforms.md)
+#   scripts/libtorch2.sh root                only make (or find) the root and print its path
+#   scripts/libtorch2.sh shell               a shell in the root, the clone at /src, ../shared at /shared
+# The cache: ${DAPO_CACHE_DIR:-/var/cache/dapo}/debian13-<key>, the key a hash of this recipe and the package list, so
+# a changed list makes a new root (old ones can be deleted by hand). First run ~14 min and 1.4 GB; later runs reuse it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+src=$(pwd)
+shared=$(realpath -m "${DAPO_SHARED_DIR:-../shared}")
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "libtorch2: needs root (mmdebstrap, chroot and bind mounts); run it as root or under sudo" >&2
+  exit 1
+fi
+mode=${1:-test}
+shift || true
+
+mirror=${DAPO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+suite=trixie
+mapfile -t packages < <(grep -v '^#' scripts/packages.txt | grep -v '^$')
+# What the root holds beyond the build: libtorch-cuda-dev is downloaded and unpacked, never installed (its runtime,
+# libtorch-cuda-2.6 and the NVIDIA libraries, cannot be installed without a GPU driver and non-free downloads).
+recipe="suite=$suite components=main,contrib packages=${packages[*]} cuda-dev=libtorch-cuda-dev recipe=1"
+key=$(printf '%s' "$recipe" | sha256sum | cut -c1-12)
+cache=${DAPO_CACHE_DIR:-/var/cache/dapo}
+root=$cache/debian13-$key
+
+make_root() {
+  [[ -f $root/.dapo-root-complete ]] && return 0
+  command -v mmdebstrap > /dev/null || {
+    echo "libtorch2: installing mmdebstrap"
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y mmdebstrap
+  }
+  echo "libtorch2: making the Debian 13 root $root (once per package list; about 14 minutes)"
+  mkdir -p "$cache"
+  rm -rf "$root.partial"
+  local include
+  include=$(IFS=,; echo "${packages[*]}")
+  mmdebstrap --variant=apt --components=main,contrib --include="$include" "$suite" "$root.partial" \
+    "deb $mirror $suite main contrib"
+  # mmdebstrap leaves no package lists behind: fetch them for the download, then drop them again.
+  chroot "$root.partial" bash -c 'set -e; apt-get update -q; mkdir -p /opt/debs; cd /opt/debs
+                                   apt-get download libtorch-cuda-dev; dpkg -x libtorch-cuda-dev_*.deb /opt/libtorch-cuda-dev
+                                   apt-get clean; rm -rf /var/lib/apt/lists/*'
+  printf '%s\n' "$recipe" > "$root.partial/.dapo-root-complete"
+  mv "$root.partial" "$root"
+}
+
+# Runs a command in the root, inside a private mount namespace so that /proc and the bind mounts vanish with it.
+# With with_cuda=1, the host's /usr/local/cuda (nvcc) is bound in too; the test leg runs without it.
+in_root() {
+  local cuda_mount=""
+  if [[ ${with_cuda:-0} == 1 ]]; then
+    cuda_mount="mkdir -p '$root/usr/local/cuda' && mount --bind /usr/local/cuda '$root/usr/local/cuda'"
+  fi
+  unshare --mount --propagation private bash -c "
+    set -e
+    mount -t proc proc '$root/proc'
+    mkdir -p '$root/src' '$root/shared'
+    mount --bind '$src' '$root/src'
+    if [[ -d '$shared' ]]; then mount --bind '$shared' '$root/shared'; fi
+    $cuda_mount
+    exec chroot '$root' /usr/bin/env HOME=/root DAPO_SHARED_DIR=/shared bash -c 'cd /src && $1'"
+}
+
+make_root
+case $mode in
+  root) echo "$root" ;;
+  shell) in_root "exec bash" ;;
+  test)
+    echo "libtorch2: LibTorch $(chroot "$root" dpkg-query -W -f='${Version}' libtorch-dev), g++ $(chroot "$root" g++ -dumpversion)"
+    in_root "DAPO_BUILD_DIR=build-libtorch2 bash scripts/test.sh $*" ;;
+  cuda)
+    [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "libtorch2: the CUDA check needs nvcc in /usr/local/cuda" >&2; exit 1; }
+    with_cuda=1 in_root "bash scripts/cuda-compile.sh $*" ;;
+  *) echo "libtorch2: unknown mode '$mode' (test, cuda, root or shell)" >&2; exit 2 ;;
+esac
