@@ -7,7 +7,8 @@
 #   scripts/libtorch2.sh root                only make (or find) the root and print its path
 #   scripts/libtorch2.sh shell               a shell in the root, the clone at /src, ../shared at /shared
 # The cache: ${DAPO_CACHE_DIR:-/var/cache/dapo}/debian13-<key>, the key a hash of this recipe and the package list, so
-# a changed list makes a new root (old ones can be deleted by hand). First run ~14 min and 1.4 GB; later runs reuse it.
+# a changed list makes a new root (old ones can be deleted by hand). First run 1 to 14 min (the mirror decides) and
+# 1.4 GB; later runs reuse it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 src=$(pwd)
@@ -36,7 +37,7 @@ make_root() {
     echo "libtorch2: installing mmdebstrap"
     apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y mmdebstrap
   }
-  echo "libtorch2: making the Debian 13 root $root (once per package list; about 14 minutes)"
+  echo "libtorch2: making the Debian 13 root $root (once per package list; 1 to 14 minutes, by the mirror)"
   mkdir -p "$cache"
   rm -rf "$root.partial"
   local include
