@@ -3,75 +3,77 @@
 // forward/backward/AdamW). Random weights rarely emit a stop token, so responses run to --new-tokens and the token
 // counts are those of the settings. Before timing it checks the step itself: the first update is on-policy (clip
 // fraction 0 in the first mini-batch) and the loss is finite.
-// Usage: step_bench [--shape demo|small] [--prompts P] [--rollout-n G] [--new-tokens N] [--mini P] [--epochs E]
-//                   [--steps S] [--threads T] [--json PATH] [--tokenizer DIR]
+// Usage: step_bench [--shape demo|small|qwen2.5-0.5b|qwen2.5-1.5b] [--prompts P] [--rollout-n G] [--new-tokens N]
+//                   [--mini P] [--micro P] [--epochs E] [--steps S] [--device cpu|cuda[:N]]
+//                   [--autocast bfloat16|float16|off] [--threads T] [--json PATH] [--tokenizer DIR]
 //   demo:  the built-in demo model (hidden 64, 3 layers, byte vocabulary of 259) and its byte-level tokenizer
 //   small: hidden 256, 4 layers, 4 / 2 heads, intermediate 1024, Qwen2.5's vocabulary (151936) with tied embeddings
 //          (the lm-head dominates, as in the 0.5B-1.5B models) and the Qwen2.5 tokenizer from --tokenizer DIR
+//   qwen2.5-0.5b, qwen2.5-1.5b: those models' shapes (support/shapes.hpp), with the tokenizer from --tokenizer DIR
+//   --micro: prompts (groups) per forward/backward (TrainOptions::ppo_micro_batch_size); 0 = the mini-batch (default)
+//   --device: where the model lives (the trainer follows its weights); float32 weights and AdamW state everywhere
+//   --autocast: the forward passes' dtype (TrainOptions::autocast); default off on cpu, bfloat16 on cuda
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "qwen_gsm8k/cli/runtime.hpp"
-#include "qwen_gsm8k/demo/demo.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
+#include "support/device.hpp"
 #include "support/harness.hpp"
+#include "support/shapes.hpp"
 
 namespace {
 
-qwen::Config small_shape() {
-  return qwen::Config::from_json({{"model_type", "qwen2"},
-                                  {"vocab_size", 151936},
-                                  {"hidden_size", 256},
-                                  {"intermediate_size", 1024},
-                                  {"num_hidden_layers", 4},
-                                  {"num_attention_heads", 4},
-                                  {"num_key_value_heads", 2},
-                                  {"max_position_embeddings", 4096},
-                                  {"tie_word_embeddings", true}},
-                                 "step_bench small shape");
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
+using dapo::bench::median;
 
 struct Args {
-  std::string shape = "small", json_path = "step_bench.json", tokenizer_dir;
-  int64_t prompts = 8, rollout_n = 4, new_tokens = 64, mini = 4, epochs = 2, steps = 3;
+  std::string shape = "small", json_path = "step_bench.json", tokenizer_dir, autocast_name;
+  torch::Device device = torch::kCPU;
+  std::optional<torch::ScalarType> autocast;
+  int64_t prompts = 8, rollout_n = 4, new_tokens = 64, mini = 4, micro = 0, epochs = 2, steps = 3;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
-// Throws std::invalid_argument naming a bad flag.
+// Throws std::invalid_argument naming a bad flag, before any work (the device's availability included).
 Args parse_args(int argc, char** argv) {
   Args args;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  std::string device = "cpu";
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (or is not an option)");
+    const std::string value = argv[i + 1];
     if (flag == "--shape")
       args.shape = value;
     else if (flag == "--prompts")
-      args.prompts = std::stoll(value);
+      args.prompts = dapo::bench::parse_int(flag, value, 1);
     else if (flag == "--rollout-n")
-      args.rollout_n = std::stoll(value);
+      args.rollout_n = dapo::bench::parse_int(flag, value, 1);
     else if (flag == "--new-tokens")
-      args.new_tokens = std::stoll(value);
+      args.new_tokens = dapo::bench::parse_int(flag, value, 1);
     else if (flag == "--mini")
-      args.mini = std::stoll(value);
+      args.mini = dapo::bench::parse_int(flag, value, 1);
+    else if (flag == "--micro")
+      args.micro = dapo::bench::parse_int(flag, value, 0);
+    else if (flag == "--device")
+      device = value;
+    else if (flag == "--autocast")
+      args.autocast_name = value;
     else if (flag == "--epochs")
-      args.epochs = std::stoll(value);
+      args.epochs = dapo::bench::parse_int(flag, value, 1);
     else if (flag == "--steps")
-      args.steps = std::stoll(value);
+      args.steps = dapo::bench::parse_int(flag, value, 1);
     else if (flag == "--threads")
-      args.threads = std::stoi(value);
+      args.threads = static_cast<int>(dapo::bench::parse_int(flag, value, 1));
     else if (flag == "--json")
       args.json_path = value;
     else if (flag == "--tokenizer")
@@ -79,12 +81,18 @@ Args parse_args(int argc, char** argv) {
     else
       throw std::invalid_argument("unknown option " + flag);
   }
-  if (args.shape != "demo" && args.shape != "small") {
-    throw std::invalid_argument("--shape is " + args.shape + ", expected demo or small");
+  args.device = dapo::bench::parse_device(device);
+  dapo::bench::model_shape(args.shape);  // throws for an unknown shape
+  if (args.shape != "demo" && args.tokenizer_dir.empty()) {
+    throw std::invalid_argument("the " + args.shape + " shape needs --tokenizer DIR (the Qwen2.5 tokenizer.json)");
   }
-  if (args.shape == "small" && args.tokenizer_dir.empty()) {
-    throw std::invalid_argument("the small shape needs --tokenizer DIR (the Qwen2.5 tokenizer.json)");
-  }
+  if (args.autocast_name.empty()) args.autocast_name = args.device.is_cuda() ? "bfloat16" : "off";
+  if (args.autocast_name == "bfloat16")
+    args.autocast = torch::kBFloat16;
+  else if (args.autocast_name == "float16")
+    args.autocast = torch::kHalf;
+  else if (args.autocast_name != "off")
+    throw std::invalid_argument("--autocast is '" + args.autocast_name + "', expected bfloat16, float16 or off");
   return args;
 }
 
@@ -94,6 +102,8 @@ qwen::TrainOptions step_options(const Args& args) {
   options.train_batch_size = args.prompts;
   options.rollout_n = args.rollout_n;
   options.ppo_mini_batch_size = args.mini;
+  options.ppo_micro_batch_size = args.micro;
+  options.autocast = args.autocast;
   options.ppo_epochs = args.epochs;
   options.dynamic_sampling = false;  // a random model is never right
   options.max_new_tokens = args.new_tokens;
@@ -105,10 +115,11 @@ qwen::TrainOptions step_options(const Args& args) {
 
 struct StepTimes {
   std::vector<double> rollout_tps, update_tps, rollout_s, update_s, step_s, lengths;
-  dapo::bench::Usage usage;  // per timed step: CPU seconds and page faults (getrusage)
+  dapo::bench::Usage usage;                     // per timed step: CPU seconds and page faults (getrusage)
+  std::optional<dapo::bench::PeakMemory> peak;  // over the timed steps, on CUDA
 };
 
-StepTimes time_steps(qwen::Trainer& trainer, int64_t steps) {
+StepTimes time_steps(qwen::Trainer& trainer, int64_t steps, torch::Device device) {
   const nlohmann::json first = trainer.step();  // warm-up, and the check
   if (first.at("clip_fraction_by_minibatch").at(0).get<double>() != 0.0 ||
       !std::isfinite(first.at("loss").get<double>())) {
@@ -116,6 +127,8 @@ StepTimes time_steps(qwen::Trainer& trainer, int64_t steps) {
                              first.dump());
   }
   StepTimes times;
+  dapo::bench::synchronize(device);
+  dapo::bench::reset_peak_memory(device);
   const auto before = dapo::bench::Usage::now();
   for (int64_t s = 0; s < steps; ++s) {
     const nlohmann::json row = trainer.step();
@@ -127,6 +140,7 @@ StepTimes time_steps(qwen::Trainer& trainer, int64_t steps) {
     times.lengths.push_back(row.at("response_length_mean"));
   }
   times.usage = (dapo::bench::Usage::now() - before).per(static_cast<double>(steps));
+  times.peak = dapo::bench::peak_memory(device);
   return times;
 }
 
@@ -144,37 +158,37 @@ void report(const Args& args, const StepTimes& times, int64_t parameters, const 
   std::printf("%-34s %12.0f\n", "page faults per step (mean)", times.usage.minor_faults + times.usage.major_faults);
   std::printf("%-34s %12.2f\n", "user CPU seconds per step (mean)", times.usage.user_seconds);
   std::printf("%-34s %12.2f\n", "system CPU seconds per step (mean)", times.usage.system_seconds);
-  const nlohmann::json record{{"benchmark", "DAPO step: rollout and update throughput"},
-                              {"machine", dapo::bench::machine()},
-                              {"shape", args.shape},
-                              {"parameters", parameters},
-                              {"settings", options.to_json()},
-                              {"response_length", median(times.lengths)},
-                              {"rollout_tokens_per_second", median(times.rollout_tps)},
-                              {"update_tokens_per_second", median(times.update_tps)},
-                              {"rollout_seconds", median(times.rollout_s)},
-                              {"update_seconds", median(times.update_s)},
-                              {"step_seconds", step_median},
-                              {"per_step_usage", times.usage.to_json()}};
+  if (args.device.is_cuda()) {
+    std::printf("%-34s %s\n", "peak device memory", dapo::bench::peak_memory_text(times.peak, args.device).c_str());
+  }
+  nlohmann::json record{{"benchmark", "DAPO step: rollout and update throughput"},
+                        {"machine", dapo::bench::machine()},
+                        {"shape", args.shape},
+                        {"parameters", parameters},
+                        {"settings", options.to_json()},
+                        {"response_length", median(times.lengths)},
+                        {"rollout_tokens_per_second", median(times.rollout_tps)},
+                        {"update_tokens_per_second", median(times.update_tps)},
+                        {"rollout_seconds", median(times.rollout_s)},
+                        {"update_seconds", median(times.update_s)},
+                        {"step_seconds", step_median},
+                        {"per_step_usage", times.usage.to_json()},
+                        {"device", args.device.str()},
+                        {"device_name", dapo::bench::device_name(args.device)},
+                        {"autocast", args.autocast_name}};
+  record.update(dapo::bench::peak_memory_json(times.peak));
   dapo::bench::write_json(record, args.json_path);
   std::printf("wrote %s\n", args.json_path.c_str());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  qwen::use_passive_thread_pools(argv);
-  Args args;
-  try {
-    args = parse_args(argc, argv);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "step_bench: %s\n", error.what());
-    return 2;
-  }
+void run(const Args& args) {
   at::set_num_threads(args.threads);
   torch::manual_seed(0);
-  const qwen::Config config = args.shape == "demo" ? qwen::demo_model_config() : small_shape();
+  const qwen::Config config = dapo::bench::model_shape(args.shape);
   qwen::Qwen2ForCausalLM model(config);
+  // On the device before the random fill (quick there for a 1.5B model); on the CPU the weights are those of the
+  // earlier versions of this benchmark (the fill follows the construction's draws, as before).
+  model->to(args.device);
   qwen::initialize_weights(model);
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
@@ -184,13 +198,36 @@ int main(int argc, char** argv) {
   const qwen::DemoProblems problems = qwen::make_demo_problems({.test_count = 4, .seed = 3});
   const qwen::TrainOptions options = step_options(args);
   qwen::Trainer trainer(model, tokenizer, problems.train, problems.test, options);
+  // The CPU line reads as it always did; the device and autocast are named when they are not the CPU's defaults.
+  const std::string precision = args.autocast ? "float32, autocast " + args.autocast_name : "float32";
+  const std::string on_device = args.device.is_cpu() ? "" : " on " + dapo::bench::device_name(args.device);
   std::printf(
-      "DAPO step, %s shape (%.1fM parameters), float32; %d prompts x %d responses, %d new tokens, %d x %d "
+      "DAPO step, %s shape (%.1fM parameters), %s%s; %d prompts x %d responses, %d new tokens, %d x %d "
       "updates; %s, %d threads, %s allocator\n",
-      args.shape.c_str(), static_cast<double>(parameters) / 1e6, static_cast<int>(args.prompts),
-      static_cast<int>(args.rollout_n), static_cast<int>(args.new_tokens), static_cast<int>(args.epochs),
-      static_cast<int>(args.prompts / args.mini), dapo::bench::cpu_model().c_str(), args.threads,
-      dapo::bench::allocator().c_str());
-  report(args, time_steps(trainer, args.steps), parameters, options);
+      args.shape.c_str(), static_cast<double>(parameters) / 1e6, precision.c_str(), on_device.c_str(),
+      static_cast<int>(args.prompts), static_cast<int>(args.rollout_n), static_cast<int>(args.new_tokens),
+      static_cast<int>(args.epochs), static_cast<int>(args.prompts / args.mini), dapo::bench::cpu_model().c_str(),
+      args.threads, dapo::bench::allocator().c_str());
+  report(args, time_steps(trainer, args.steps, args.device), parameters, options);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qwen::use_passive_thread_pools(argv);
+  Args args;
+  try {
+    args = parse_args(argc, argv);
+    step_options(args).validate();  // the trainer's own checks (--micro divides --mini, ...), before any work
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "step_bench: %s\n", error.what());
+    return 2;
+  }
+  try {
+    run(args);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "step_bench: %s\n", error.what());
+    return 1;
+  }
   return 0;
 }

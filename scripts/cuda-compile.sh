@@ -2,10 +2,11 @@
 # The CUDA compile check, run inside the LibTorch 2.x root by `scripts/libtorch2.sh cuda` (the root has Debian 13's
 # libtorch-cuda-dev unpacked in /opt/libtorch-cuda-dev; /usr/local/cuda is the host's nvcc, bound in). It configures
 # dapo against that LibTorch 2.6 with CUDA, for sm_90, and compiles every object of the driver with -Werror: the
-# fused CUDA loss (src/dapo_cuda.cu with include/dapo/cuda/register.cuh), the CUDA compile test, and every driver
-# source with its CUDA branches (USE_C10D_NCCL, the CUDA device guard, SDPA with grouped heads). Nothing is
-# linked: LibTorch's CUDA libraries (libtorch_cuda, libc10_cuda) cannot be installed without a GPU, so the link steps
-# are replaced by a stamp (CMAKE_*_LINK_EXECUTABLE) and targets do not wait for the absent shared libraries
+# fused CUDA loss (src/dapo_cuda.cu with include/dapo/cuda/register.cuh), the CUDA compile test, every driver source
+# with its CUDA branches (USE_C10D_NCCL, the CUDA device guard, SDPA with grouped heads), and the GPU benchmarks
+# generate_bench and step_bench with theirs (DAPO_BENCH_CUDA: the caching allocator's peak memory, the GPU's name).
+# Nothing is linked: LibTorch's CUDA libraries (libtorch_cuda, libc10_cuda) cannot be installed without a GPU, so the
+# link steps are replaced by a stamp (CMAKE_*_LINK_EXECUTABLE) and targets do not wait for the absent shared libraries
 # (CMAKE_LINK_DEPENDS_NO_SHARED). docs/platforms.md lists what this covers and what only a GPU machine can check.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,9 +45,10 @@ grep -q "dapo: LibTorch .* with CUDA" "$build/configure.log" || {
   echo "cuda-compile: LibTorch was not configured with CUDA (see $build/configure.log)" >&2
   exit 1
 }
-# The driver (with everything it links: the fused CUDA loss registration, NCCL and device-guard branches) and the
-# kernel's compile test. The tests and benchmarks have no CUDA-only code; the LibTorch 2.x leg compiles them.
-cmake --build "$build" -j"$(nproc)" --target qwen_gsm8k dapo_cuda_kernels_compile_test
+# The driver (with everything it links: the fused CUDA loss registration, NCCL and device-guard branches), the
+# kernel's compile test, and the two benchmarks that run on a GPU (support/device.hpp under DAPO_BENCH_CUDA). The
+# tests and the other benchmarks have no CUDA-only code; the LibTorch 2.x leg compiles them.
+cmake --build "$build" -j"$(nproc)" --target qwen_gsm8k dapo_cuda_kernels_compile_test generate_bench step_bench
 
 # What was compiled (the build is up to date: every object is current): objects by kind; the registration object must
 # hold the kernel's launch stubs.

@@ -35,6 +35,13 @@ inline double best_seconds(const std::function<void()>& run, int repeats, int wa
   return best;
 }
 
+// The median of `values` (the upper one of an even count); robust against a run that a neighbour slowed down.
+inline double median(std::vector<double> values) {
+  if (values.empty()) throw std::invalid_argument("median: no values");
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 inline std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -109,6 +116,21 @@ inline void write_json(const nlohmann::json& record, const std::string& path) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write " + path);
   out << record.dump(2) << "\n";
+}
+
+// A command-line integer, the whole text, at least `minimum`; throws std::invalid_argument naming the flag.
+inline int64_t parse_int(const std::string& flag, const std::string& value, int64_t minimum) {
+  std::size_t used = 0;
+  long long number = 0;
+  try {
+    number = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || number < minimum) {
+    throw std::invalid_argument(flag + " is '" + value + "', expected an integer >= " + std::to_string(minimum));
+  }
+  return number;
 }
 
 inline int parse_threads(int argc, char** argv, std::string& json_path) {

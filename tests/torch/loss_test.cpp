@@ -1,5 +1,6 @@
 // policy_loss on tensors: goldens (loss, metrics, autograd gradient), agreement with the core on random batches,
-// dtypes and mask kinds, boundary errors.
+// dtypes and mask kinds, boundary errors; on CUDA (when a GPU is present) against the reference and the CPU.
+#include <torch/cuda.h>
 #include <dapo/loss.hpp>
 #include <dapo/reference/loss.hpp>
 
@@ -20,18 +21,20 @@ using LossFn = dapo::PolicyLossOutput (*)(const torch::Tensor&, const torch::Ten
 constexpr LossFn kFused = &dapo::policy_loss;
 constexpr LossFn kReference = &dapo::reference::policy_loss;
 
+// The case's tensors in `dtype` on `device` (rounded to dtype first, so every device sees the same values).
 TorchRun run_torch(const dapo::test::LossCase& c, torch::ScalarType dtype, bool bool_mask = false,
-                   LossFn loss_fn = kFused) {
+                   LossFn loss_fn = kFused, torch::Device device = torch::kCPU) {
   using dapo::test::tensor;
-  auto logp = tensor(c.logp, {c.rows, c.cols}, dtype).requires_grad_(true);
-  const auto old_logp = tensor(c.old_logp, {c.rows, c.cols}, dtype);
+  auto logp = tensor(c.logp, {c.rows, c.cols}, dtype).to(device).requires_grad_(true);
+  const auto old_logp = tensor(c.old_logp, {c.rows, c.cols}, dtype).to(device);
   const auto advantages =
-      c.per_token_advantages ? tensor(c.advantages, {c.rows, c.cols}, dtype) : tensor(c.advantages, {c.rows}, dtype);
-  auto mask = tensor(c.mask, {c.rows, c.cols}, dtype);
+      (c.per_token_advantages ? tensor(c.advantages, {c.rows, c.cols}, dtype) : tensor(c.advantages, {c.rows}, dtype))
+          .to(device);
+  auto mask = tensor(c.mask, {c.rows, c.cols}, dtype).to(device);
   if (bool_mask) mask = mask.to(torch::kBool);
   TorchRun run{loss_fn(logp, old_logp, advantages, mask, c.options), {}};
   run.output.loss.backward();
-  run.grad = dapo::test::values(logp.grad());
+  run.grad = dapo::test::values(logp.grad().cpu());
   return run;
 }
 
@@ -44,6 +47,23 @@ void check_against(const TorchRun& run, double loss, double clip_fraction, doubl
   CHECK(close(run.output.approx_kl.item<double>(), approx_kl, relative, absolute));
   REQUIRE(run.grad.size() == grad.size());
   for (std::size_t i = 0; i < grad.size(); ++i) CHECK(close(run.grad[i], grad[i], relative, absolute));
+}
+
+// `run` against `expected`: the metrics within (relative, absolute), d loss / d logp within (grad_relative, absolute)
+// (a gradient in bfloat16 may round to either neighbour of a float32 value that differs in its last bits).
+void check_runs_agree(const TorchRun& run, const TorchRun& expected, double relative, double absolute,
+                      double grad_relative) {
+  using dapo::test::close;
+  CHECK(close(run.output.loss.item<double>(), expected.output.loss.item<double>(), relative, absolute));
+  CHECK(
+      close(run.output.clip_fraction.item<double>(), expected.output.clip_fraction.item<double>(), relative, absolute));
+  CHECK(close(run.output.dual_clip_fraction.item<double>(), expected.output.dual_clip_fraction.item<double>(), relative,
+              absolute));
+  CHECK(close(run.output.approx_kl.item<double>(), expected.output.approx_kl.item<double>(), relative, absolute));
+  REQUIRE(run.grad.size() == expected.grad.size());
+  for (std::size_t i = 0; i < run.grad.size(); ++i) {
+    CHECK(close(run.grad[i], expected.grad[i], grad_relative, absolute));
+  }
 }
 
 }  // namespace
@@ -103,6 +123,50 @@ TEST_CASE("bfloat16 inputs are computed in float32: fused equals reference, and 
                 reference.grad, 1e-5, 1e-6);
   const auto in_double = run_torch(c, torch::kFloat64);
   CHECK(dapo::test::close(fused.output.loss.item<double>(), in_double.output.loss.item<double>(), 3e-2, 1e-3));
+}
+
+TEST_CASE(
+    "CUDA: policy_loss on CUDA tensors equals the reference and the CPU (aggregations, dual clip, masks, dtypes)") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the CUDA policy_loss checks are skipped");
+    return;
+  }
+  const torch::Device cuda(torch::kCUDA, 0);
+  MESSAGE("policy_loss on CUDA runs " << (dapo::detail::cuda_policy_loss_kernel() != nullptr
+                                              ? "the fused kernel (dapo::cuda)"
+                                              : "the composite ops (no dapo::cuda registered)"));
+  std::mt19937_64 rng(2026);
+  bool clipped = false, dual_clipped = false;
+  for (const auto& [aggregation, name] : dapo::kAggregationNames) {
+    for (const double dual_clip : {0.0, 3.0}) {
+      for (const bool per_token : {false, true}) {
+        const dapo::PolicyLossOptions options{
+            .dual_clip = dual_clip, .aggregation = aggregation, .group_size = 4, .norm_length = 32};
+        const auto c = dapo::test::random_loss_case(rng, 8, 33, per_token, options);
+        for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+          for (const bool bool_mask : {false, true}) {
+            CAPTURE(name);
+            CAPTURE(dual_clip);
+            CAPTURE(per_token);
+            CAPTURE(c10::toString(dtype));
+            CAPTURE(bool_mask);
+            const auto on_cuda = run_torch(c, dtype, bool_mask, kFused, cuda);
+            CHECK(on_cuda.output.loss.is_cuda());
+            CHECK(dapo::test::dtype_name(on_cuda.output.loss) == "Float");  // bfloat16 is computed in float32
+            // Both paths compute in float32 from the same (rounded) inputs: only the order of the sums differs. The
+            // gradient comes back in logp's dtype: a bfloat16 one may round the other way (one step: <= 2^-7 relative).
+            const double grad_relative = dtype == torch::kBFloat16 ? 1e-2 : 1e-5;
+            check_runs_agree(on_cuda, run_torch(c, dtype, bool_mask, kReference, cuda), 1e-5, 1e-6, grad_relative);
+            check_runs_agree(on_cuda, run_torch(c, dtype, bool_mask, kFused, torch::kCPU), 1e-5, 1e-6, grad_relative);
+            clipped = clipped || on_cuda.output.clip_fraction.item<double>() > 0.0;
+            dual_clipped = dual_clipped || on_cuda.output.dual_clip_fraction.item<double>() > 0.0;
+          }
+        }
+      }
+    }
+  }
+  CHECK(clipped);       // the random log-ratios reach past the clip range: the clipped branch was compared too
+  CHECK(dual_clipped);  // and past the dual clip's bound
 }
 
 TEST_CASE("fused policy_loss: same bits for any thread count; masked padding may hold NaN; grad_output scales") {

@@ -1,9 +1,13 @@
 // The built-in demo: tiny model, byte tokenizer, generated problems, warm start, then DAPO (or GRPO).
 #include "qwen_gsm8k/demo/demo.hpp"
 
+#include <torch/cuda.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <stdexcept>
+#include <string>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
@@ -43,6 +47,7 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.sft_lr).weight_decay(0.0));
   ProblemSampler sampler(train.size(), options.seed ^ 0x5F7ull);
   const int64_t end_id = *tokenizer.token_to_id("<|im_end|>"), pad_id = *tokenizer.pad_token_id();
+  const torch::Device device = model->lm_head_weight().device();
   model->train();
   for (int64_t step = 0; step < options.sft_steps; ++step) {
     std::vector<BatchRow> rows;
@@ -56,8 +61,9 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
       row.tokens.push_back(end_id);
       rows.push_back(std::move(row));
     }
-    const PaddedBatch batch = pad_rows(rows, pad_id);
-    const torch::Tensor logp = target_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, {});
+    const PaddedBatch batch = pad_rows(rows, pad_id);  // built on the CPU, one copy to the model's device
+    const torch::Tensor logp = target_logprobs(model, batch.input_ids.to(device), batch.attention_mask.to(device),
+                                               batch.loss_mask.to(device), {});
     torch::Tensor loss;
     if (communicator.world_size() == 1) {
       loss = -logp.mean();
@@ -93,11 +99,12 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
 
 // summary.json: the before/after accuracies, the warm start, timings and every setting.
 nlohmann::json demo_summary(const DemoOptions& options, const TrainOptions& train_options,
-                            const std::vector<nlohmann::json>& evals, int ranks, const WarmStart& warm,
-                            double warm_seconds, double wall) {
+                            const std::vector<nlohmann::json>& evals, int ranks, torch::Device device,
+                            const WarmStart& warm, double warm_seconds, double wall) {
   nlohmann::json summary{{"algorithm", options.algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
                          {"seed", options.seed},
                          {"ranks", ranks},
+                         {"device", device.str()},
                          {"sft_accuracy", evals.front().at("accuracy")},
                          {"final_accuracy", evals.back().at("accuracy")},
                          {"best_accuracy", 0.0},
@@ -138,6 +145,24 @@ void print_demo_table(const DemoOptions& options, const nlohmann::json& summary)
 }
 
 }  // namespace
+
+void check_demo_device(torch::Device device) {
+  if (device.is_cpu()) return;
+  if (!device.is_cuda()) {
+    throw std::invalid_argument("demo: --device " + device.str() + " is not supported, expected cpu or cuda[:N]");
+  }
+  if (!torch::cuda::is_available()) {
+    throw std::invalid_argument("demo: --device " + device.str() +
+                                " asks for CUDA, but torch::cuda::is_available() is false (a LibTorch without CUDA, "
+                                "or no GPU visible to this process); use --device cpu");
+  }
+  const auto count = torch::cuda::device_count();
+  if (device.has_index() && (device.index() < 0 || static_cast<std::size_t>(device.index()) >= count)) {
+    throw std::invalid_argument("demo: --device " + device.str() + " names GPU " + std::to_string(device.index()) +
+                                ", but this process sees " + std::to_string(count) +
+                                " (cuda:0 .. cuda:" + std::to_string(count - 1) + ")");
+  }
+}
 
 Config demo_model_config() {
   return Config::from_json({{"model_type", "qwen2"},
@@ -186,7 +211,8 @@ TrainOptions demo_train_options(const DemoOptions& options) {
 
 nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator> communicator) {
   const auto started = std::chrono::steady_clock::now();
-  if (communicator == nullptr) communicator = Communicator::create({}, torch::kCPU);
+  check_demo_device(options.device);
+  if (communicator == nullptr) communicator = Communicator::create({}, options.device);
   const bool root = communicator->is_root();
   if (options.sft_batch < communicator->world_size() || options.sft_check_problems < communicator->world_size()) {
     throw std::invalid_argument("demo: sft batch and check problems must be at least the number of ranks");
@@ -200,14 +226,17 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
       make_demo_problems({.test_count = static_cast<std::size_t>(options.eval_problems), .seed = options.seed});
   const Tokenizer tokenizer = demo_tokenizer();
   Qwen2ForCausalLM model(demo_model_config());
-  initialize_weights(model);
+  initialize_weights(model);  // on the CPU's generator, whatever the device: the same model everywhere
+  model->to(options.device);
+  // "cuda" resolves to the current GPU here; the trainer and everything below take the device from the weights.
+  const torch::Device device = model->lm_head_weight().device();
 
   TrainOptions train_options = demo_train_options(options);
   if (!root) train_options.quiet = true;
   if (!options.quiet && root) {
     std::printf(
         "qwen_gsm8k demo: %s on generated arithmetic word problems (%zu train, %zu held out), tiny Qwen2 "
-        "(%lld parameters), byte-level tokenizer%s\n",
+        "(%lld parameters), byte-level tokenizer%s%s\n",
         options.algorithm == Algorithm::kDapo ? "DAPO" : "GRPO", problems.train.size(), problems.test.size(),
         static_cast<long long>([&] {
           int64_t count = 0;
@@ -216,7 +245,8 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
         }()),
         communicator->world_size() > 1
             ? (", " + std::to_string(communicator->world_size()) + " data-parallel ranks").c_str()
-            : "");
+            : "",
+        device.is_cpu() ? "" : (", on " + device.str()).c_str());
     std::fflush(stdout);
   }
   const WarmStart warm = warm_start(model, tokenizer, problems.train, options, train_options, *communicator);
@@ -226,8 +256,8 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
   trainer.run();  // evaluates first (the warm-started model), then trains, evaluating every eval_every steps
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const nlohmann::json summary =
-      demo_summary(options, train_options, trainer.evals(), communicator->world_size(), warm, warm_seconds, wall);
+  const nlohmann::json summary = demo_summary(options, train_options, trainer.evals(), communicator->world_size(),
+                                              device, warm, warm_seconds, wall);
   if (!root) return summary;
   write_file_atomically(options.output_dir / "summary.json", summary.dump(2) + "\n");
   if (!options.quiet) print_demo_table(options, summary);

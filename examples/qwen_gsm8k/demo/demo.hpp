@@ -4,6 +4,7 @@
 // measured before and after. Everything is seeded: the same seed reproduces the numbers on the same machine.
 #pragma once
 
+#include <torch/types.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -20,6 +21,9 @@ struct DemoOptions {
   std::filesystem::path output_dir = "demo-output";
   uint64_t seed = 1;
   Algorithm algorithm = Algorithm::kDapo;
+  // Where the model trains (--device): cpu, or cuda / cuda:N. The weights are initialised on the CPU from the seed
+  // either way, then moved: every device starts from the same model, and a CPU run draws what it always drew.
+  torch::Device device = torch::kCPU;
   // Supervised warm start: at least sft_min_steps updates, then until greedy accuracy on sft_check_problems training
   // problems (never test ones) reaches sft_target_accuracy, at most sft_steps. The check runs every sft_check_every
   // updates, and every 5 once the accuracy is within 0.15 of the target. Stopping on accuracy, not a step count, puts
@@ -52,9 +56,14 @@ Config demo_model_config();
 // The trainer settings of the demo for `algorithm` (DAPO's or the GRPO baseline's), scaled to the tiny model.
 TrainOptions demo_train_options(const DemoOptions& options);
 
-// Runs the demo; writes summary.json, metrics.jsonl, eval.jsonl, report.html and a final checkpoint to output_dir,
-// prints a before/after table unless quiet, and returns the summary. With a communicator of several ranks, the warm
-// start and DAPO run data parallel (see Trainer) and rank 0 alone prints and writes.
+// Throws std::invalid_argument naming --device unless `device` is the CPU or a CUDA device this process can use
+// (torch::cuda::is_available(), index below torch::cuda::device_count()).
+void check_demo_device(torch::Device device);
+
+// Runs the demo on options.device; writes summary.json, metrics.jsonl, eval.jsonl, report.html and a final checkpoint
+// to output_dir, prints a before/after table unless quiet, and returns the summary. With a communicator of several
+// ranks, the warm start and DAPO run data parallel (see Trainer) and rank 0 alone prints and writes; the communicator's
+// device must be options.device's type (Gloo for cpu, NCCL for cuda), each rank on its own GPU.
 nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator> communicator = nullptr);
 
 }  // namespace qwen

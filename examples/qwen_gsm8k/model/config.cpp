@@ -32,6 +32,27 @@ std::optional<int64_t> optional_id(const nlohmann::json& json, const char* key) 
   return json.at(key).get<int64_t>();
 }
 
+// RoPE's base: top-level "rope_theta" (transformers 4, every Qwen2.5 checkpoint on the Hub) or
+// "rope_parameters": {"rope_type": "default", "rope_theta": ...} (transformers 5 writes only this). Both present must
+// agree; any rope_type but "default" is a scaled RoPE this implementation does not have.
+double read_rope_theta(const nlohmann::json& json, const std::string& source) {
+  const double legacy = number_or(json, "rope_theta", 0.0, source);
+  if (!json.contains("rope_parameters") || json.at("rope_parameters").is_null()) return legacy > 0.0 ? legacy : 10000.0;
+  const auto& parameters = json.at("rope_parameters");
+  if (!parameters.is_object()) fail(source, "rope_parameters is " + parameters.dump() + ", expected an object");
+  const std::string type = parameters.value("rope_type", "default");
+  if (type != "default") {
+    fail(source, "rope_parameters.rope_type is \"" + type + "\"; only plain RoPE (\"default\") is supported");
+  }
+  const double theta =
+      number_or(parameters, "rope_theta", legacy > 0.0 ? legacy : 10000.0, source + " rope_parameters");
+  if (legacy > 0.0 && legacy != theta) {
+    fail(source, "rope_theta " + json.at("rope_theta").dump() + " and rope_parameters.rope_theta " +
+                     parameters.at("rope_theta").dump() + " disagree");
+  }
+  return theta;
+}
+
 }  // namespace
 
 Config Config::from_json(const nlohmann::json& json, const std::string& source) {
@@ -48,6 +69,13 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
   if (json.contains("rope_scaling") && !json.at("rope_scaling").is_null()) {
     fail(source, "rope_scaling is " + json.at("rope_scaling").dump() + "; only plain RoPE is supported");
   }
+  if (json.contains("layer_types") && json.at("layer_types").is_array()) {
+    for (const auto& type : json.at("layer_types")) {
+      if (type != "full_attention") {
+        fail(source, "layer_types holds " + type.dump() + "; only \"full_attention\" layers are supported");
+      }
+    }
+  }
   Config config;
   config.vocab_size = required_int(json, "vocab_size", source);
   config.hidden_size = required_int(json, "hidden_size", source);
@@ -59,7 +87,7 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
   config.max_position_embeddings =
       json.contains("max_position_embeddings") ? required_int(json, "max_position_embeddings", source) : 32768;
   config.rms_norm_eps = number_or(json, "rms_norm_eps", 1e-6, source);
-  config.rope_theta = number_or(json, "rope_theta", 10000.0, source);
+  config.rope_theta = read_rope_theta(json, source);
   config.tie_word_embeddings = json.value("tie_word_embeddings", false);
   config.bos_token_id = optional_id(json, "bos_token_id");
   config.pad_token_id = optional_id(json, "pad_token_id");
@@ -76,7 +104,8 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
       fail(source, "eos_token_id is " + eos.dump() + ", expected an integer or a list of integers");
     }
   }
-  config.torch_dtype = json.value("torch_dtype", "float32");
+  // transformers 5 writes "dtype"; earlier versions "torch_dtype".
+  config.torch_dtype = json.value("torch_dtype", json.value("dtype", "float32"));
   config.validate(source);
   return config;
 }

@@ -1,0 +1,349 @@
+// Greedy decoding speed of qwen::generate (KV cache) on a random model of a named shape, against the memory-bandwidth
+// bound of a decode step: every step reads all weights and the KV cache once, so at batch B a step cannot take less
+// than (weight bytes + KV bytes) / bandwidth. EOS is ignored (no stop ids): every row decodes --new-tokens tokens.
+// Not a serving benchmark: one batch of equal-length prompts, no padding, no sampling.
+//
+// Before timing it checks that, with the same weights in float32 on the same device, cached decoding yields the tokens
+// that recomputing the prefix every step yields (2 prompts x 16 tokens, 8 new tokens).
+//
+// Usage: generate_bench [--shape qwen2.5-1.5b|qwen2.5-0.5b|small|demo] [--device cpu|cuda[:N]]
+//                       [--dtype float32|bfloat16] [--batch B] [--prompt P] [--new-tokens N] [--repeats R]
+//                       [--bandwidth-gbs GB/s] [--json PATH] [--threads T]
+//   defaults: qwen2.5-1.5b on cuda, bfloat16 on cuda / float32 on cpu, batch 64, prompt 256, 128 new tokens, 3 repeats,
+//   4300 GB/s (H200 HBM3e as commonly achieved by a streaming copy; the data sheet says 4800).
+//
+// Shapes: B = batch, P = prompt tokens, N = new tokens.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
+#include "support/device.hpp"
+#include "support/harness.hpp"
+#include "support/shapes.hpp"
+
+namespace {
+
+constexpr int64_t kFirstSpecialId = 151643;  // Qwen2.5's <|endoftext|>: prompts stay below it (and the vocabulary)
+constexpr uint64_t kWeightSeed = 0, kCheckSeed = 1, kPromptSeed = 2;
+
+struct Args {
+  std::string shape = "qwen2.5-1.5b", json_path = "generate_bench.json", dtype_name;
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat32;
+  int64_t batch = 64, prompt = 256, new_tokens = 128, repeats = 3;
+  double bandwidth_gbs = 4300;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+};
+
+double parse_positive(const std::string& flag, const std::string& value) {
+  std::size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || !(number > 0) || !std::isfinite(number)) {
+    throw std::invalid_argument(flag + " is '" + value + "', expected a positive number");
+  }
+  return number;
+}
+
+// Throws std::invalid_argument naming the bad flag, before any work (the device's availability included).
+Args parse_args(int argc, char** argv) {
+  Args args;
+  std::string device = "cuda";
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (or is not an option)");
+    const std::string value = argv[i + 1];
+    if (flag == "--shape")
+      args.shape = value;
+    else if (flag == "--device")
+      device = value;
+    else if (flag == "--dtype")
+      args.dtype_name = value;
+    else if (flag == "--batch")
+      args.batch = dapo::bench::parse_int(flag, value, 1);
+    else if (flag == "--prompt")
+      args.prompt = dapo::bench::parse_int(flag, value, 1);
+    else if (flag == "--new-tokens")
+      args.new_tokens = dapo::bench::parse_int(flag, value, 2);  // decode time per step = (t_N - t_1) / (N - 1)
+    else if (flag == "--repeats")
+      args.repeats = dapo::bench::parse_int(flag, value, 1);
+    else if (flag == "--bandwidth-gbs")
+      args.bandwidth_gbs = parse_positive(flag, value);
+    else if (flag == "--threads")
+      args.threads = static_cast<int>(dapo::bench::parse_int(flag, value, 1));
+    else if (flag == "--json")
+      args.json_path = value;
+    else
+      throw std::invalid_argument("unknown option " + flag +
+                                  " (expected --shape, --device, --dtype, --batch, --prompt, --new-tokens, --repeats, "
+                                  "--bandwidth-gbs, --json or --threads)");
+  }
+  const qwen::Config config = dapo::bench::model_shape(args.shape);  // throws for an unknown shape
+  if (args.prompt + args.new_tokens > config.max_position_embeddings) {
+    throw std::invalid_argument("--prompt " + std::to_string(args.prompt) + " + --new-tokens " +
+                                std::to_string(args.new_tokens) + " exceed the " + args.shape +
+                                " shape's max_position_embeddings " + std::to_string(config.max_position_embeddings));
+  }
+  args.device = dapo::bench::parse_device(device);
+  if (args.dtype_name.empty()) args.dtype_name = args.device.is_cuda() ? "bfloat16" : "float32";
+  if (args.dtype_name == "float32")
+    args.dtype = torch::kFloat32;
+  else if (args.dtype_name == "bfloat16")
+    args.dtype = torch::kBFloat16;
+  else
+    throw std::invalid_argument("--dtype is '" + args.dtype_name + "', expected float32 or bfloat16");
+  return args;
+}
+
+// `count` seeded random prompts of `length` ids below min(vocabulary, <|endoftext|>).
+std::vector<std::vector<int64_t>> random_prompts(int64_t count, int64_t length, int64_t vocab, uint64_t seed) {
+  torch::manual_seed(seed);
+  const torch::Tensor ids = torch::randint(std::min(vocab, kFirstSpecialId), {count, length}, torch::kInt64);  // [B, P]
+  std::vector<std::vector<int64_t>> prompts(static_cast<std::size_t>(count));
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t* row = ids[b].data_ptr<int64_t>();
+    prompts[static_cast<std::size_t>(b)].assign(row, row + length);
+  }
+  return prompts;
+}
+
+qwen::GenerationOptions greedy(int64_t new_tokens, bool use_cache) {
+  qwen::GenerationOptions options;
+  options.max_new_tokens = new_tokens;
+  options.sampling.temperature = 0.0;  // greedy
+  options.stop_ids.clear();            // EOS ignored: every row runs to new_tokens
+  options.use_cache = use_cache;
+  return options;
+}
+
+struct CheckResult {
+  int64_t prompts = 2, prompt_tokens = 16, new_tokens = 8;
+  double identical_fraction = 0;  // of the new tokens
+  int64_t near_ties = 0;          // rows whose first difference is a near-tie of the two tokens' logits
+};
+
+// Cached greedy decoding against recomputing the whole prefix every step, in float32 (the model as initialised, before
+// any cast to bfloat16: in bfloat16 the two paths' different matrix shapes round differently and random weights give
+// near-ties, so exact agreement would not be a fair demand there). A row may differ only after a step where the two
+// candidate tokens' float32 logits lie within 1e-3 of the logits' scale (a tie that summation order decides); anything
+// else throws.
+CheckResult check_cached_equals_recomputed(qwen::Qwen2ForCausalLM& model, torch::Device device) {
+  CheckResult check;
+  const auto prompts = random_prompts(check.prompts, check.prompt_tokens, model->config().vocab_size, kCheckSeed);
+  const qwen::GenerationOutput cached = qwen::generate(model, prompts, greedy(check.new_tokens, true));
+  const qwen::GenerationOutput recomputed = qwen::generate(model, prompts, greedy(check.new_tokens, false));
+  const torch::Tensor cached_tokens = cached.tokens.cpu(), recomputed_tokens = recomputed.tokens.cpu();  // [2, 8]
+  check.identical_fraction = cached_tokens.eq(recomputed_tokens).to(torch::kFloat64).mean().item<double>();
+  torch::NoGradGuard no_grad;
+  for (int64_t b = 0; b < check.prompts; ++b) {
+    const torch::Tensor differs = cached_tokens[b].ne(recomputed_tokens[b]).nonzero();
+    if (differs.numel() == 0) continue;
+    const int64_t step = differs[0][0].item<int64_t>();
+    // The recomputed path's logits at that step: the prompt and the agreed tokens, whole, without a cache.
+    const torch::Tensor prefix = torch::cat({torch::tensor(prompts[static_cast<std::size_t>(b)], torch::kInt64),
+                                             cached_tokens[b].narrow(0, 0, step)})
+                                     .unsqueeze(0)
+                                     .to(device);  // [1, 16 + step]
+    const torch::Tensor mask = torch::ones_like(prefix);
+    const torch::Tensor logits =
+        model->last_logits(prefix, mask, qwen::position_ids_from_mask(mask)).squeeze(0).to(torch::kFloat64).cpu();
+    const int64_t a = cached_tokens[b][step].item<int64_t>(), r = recomputed_tokens[b][step].item<int64_t>();
+    const double gap = std::abs(logits[a].item<double>() - logits[r].item<double>());
+    const double scale = logits.abs().max().item<double>();
+    if (!(gap <= 1e-3 * scale)) {
+      throw std::runtime_error("cached and recomputed greedy decoding differ in row " + std::to_string(b) +
+                               " at new token " + std::to_string(step) + " (" + std::to_string(a) + " vs " +
+                               std::to_string(r) + ", logits " + std::to_string(gap) + " apart, scale " +
+                               std::to_string(scale) + "): the KV-cache path is wrong on " + device.str());
+    }
+    ++check.near_ties;
+  }
+  return check;
+}
+
+struct Timings {
+  std::vector<double> generate_ms, prefill_ms, decode_ms_per_step;  // one entry per repeat
+};
+
+double timed_ms(const std::function<void()>& run, torch::Device device) {
+  dapo::bench::synchronize(device);
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  dapo::bench::synchronize(device);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Per repeat: generate with N new tokens (t_N) and with 1 (t_1: prefill and the first token); one warm-up of both.
+Timings time_generate(qwen::Qwen2ForCausalLM& model, const Args& args) {
+  const auto prompts = random_prompts(args.batch, args.prompt, model->config().vocab_size, kPromptSeed);
+  const auto full = greedy(args.new_tokens, true), first = greedy(1, true);
+  qwen::GenerationOutput out;
+  out = qwen::generate(model, prompts, full);  // warm-up, and a look at the result
+  if (out.tokens.size(0) != args.batch || out.tokens.size(1) != args.new_tokens ||
+      !out.lengths.eq(args.new_tokens).all().item<bool>()) {
+    throw std::runtime_error("generate did not return " + std::to_string(args.new_tokens) + " tokens for each of " +
+                             std::to_string(args.batch) + " rows");
+  }
+  qwen::generate(model, prompts, first);
+  Timings timings;
+  for (int64_t r = 0; r < args.repeats; ++r) {
+    const double t_n = timed_ms([&] { out = qwen::generate(model, prompts, full); }, args.device);
+    const double t_1 = timed_ms([&] { out = qwen::generate(model, prompts, first); }, args.device);
+    timings.generate_ms.push_back(t_n);
+    timings.prefill_ms.push_back(t_1);
+    timings.decode_ms_per_step.push_back((t_n - t_1) / static_cast<double>(args.new_tokens - 1));
+  }
+  return timings;
+}
+
+struct ModelBytes {
+  int64_t parameters = 0, weight_bytes = 0;  // tied tensors once
+};
+
+ModelBytes model_bytes(qwen::Qwen2ForCausalLM& model) {
+  ModelBytes bytes;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : model->parameters()) {
+    if (!seen.insert(p.data_ptr()).second) continue;
+    bytes.parameters += p.numel();
+    bytes.weight_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  return bytes;
+}
+
+int run(const Args& args) {
+  at::set_num_threads(args.threads);
+  const qwen::Config config = dapo::bench::model_shape(args.shape);
+  // Built on the CPU (LibTorch modules allocate there), then moved, then initialised on the device: a 1.5B model's
+  // random fill is quick on a GPU. Float32 first: the check runs on these weights, the timing on their cast.
+  qwen::Qwen2ForCausalLM model(config);
+  model->to(args.device, torch::kFloat32);
+  torch::manual_seed(kWeightSeed);  // seeds the CPU's and every GPU's generator
+  qwen::initialize_weights(model);
+  const CheckResult check = check_cached_equals_recomputed(model, args.device);
+  if (args.dtype != torch::kFloat32) model->to(args.dtype);
+  const ModelBytes bytes = model_bytes(model);
+
+  const std::string device_name = dapo::bench::device_name(args.device);
+  std::printf(
+      "generate_bench: greedy decoding with the KV cache, %s shape (%.1fM parameters), random weights, %s, "
+      "EOS ignored\n",
+      args.shape.c_str(), static_cast<double>(bytes.parameters) / 1e6, args.dtype_name.c_str());
+  std::printf("machine: %s; device: %s; %d threads, %s allocator, LibTorch %d.%d.%d\n",
+              dapo::bench::cpu_model().c_str(), device_name.c_str(), args.threads, dapo::bench::allocator().c_str(),
+              TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+  std::printf(
+      "check (float32): cached == recomputed greedy decoding, %lld prompts x %lld tokens, %lld new tokens: "
+      "%.0f%% identical, %lld near-tie rows\n",
+      static_cast<long long>(check.prompts), static_cast<long long>(check.prompt_tokens),
+      static_cast<long long>(check.new_tokens), 100 * check.identical_fraction,
+      static_cast<long long>(check.near_ties));
+
+  dapo::bench::synchronize(args.device);
+  dapo::bench::reset_peak_memory(args.device);
+  const Timings timings = time_generate(model, args);
+  const auto peak = dapo::bench::peak_memory(args.device);
+
+  const double generate_ms = dapo::bench::median(timings.generate_ms);
+  const double prefill_ms = dapo::bench::median(timings.prefill_ms);
+  const double decode_ms = dapo::bench::median(timings.decode_ms_per_step);
+  const double tokens_per_second = static_cast<double>(args.batch * args.new_tokens) / (generate_ms / 1e3);
+  const double element_bytes = static_cast<double>(c10::elementSize(args.dtype));
+  const double mean_context = static_cast<double>(args.prompt) + static_cast<double>(args.new_tokens) / 2.0;
+  const double kv_bytes =
+      2.0 *
+      static_cast<double>(config.num_hidden_layers * config.num_key_value_heads * config.head_dim() * args.batch) *
+      mean_context * element_bytes;
+  const double weight_bytes = static_cast<double>(bytes.weight_bytes);
+  const double bound_ms = (weight_bytes + kv_bytes) / (args.bandwidth_gbs * 1e9) * 1e3;
+  const double gib = 1 << 30;
+
+  std::printf("\n%-44s %14s\n", ("median of " + std::to_string(args.repeats) + " repeats").c_str(), "value");
+  const auto row = [](const std::string& name, int decimals, double value) {
+    std::printf("%-44s %14.*f\n", name.c_str(), decimals, value);
+  };
+  std::printf(
+      "%-44s %14s\n", "batch x prompt -> new tokens",
+      (std::to_string(args.batch) + " x " + std::to_string(args.prompt) + " -> " + std::to_string(args.new_tokens))
+          .c_str());
+  row("tokens/s (B*N / t_N)", 1, tokens_per_second);
+  row("decode ms/step ((t_N - t_1) / (N - 1))", 3, decode_ms);
+  row("prefill + first token ms (t_1)", 2, prefill_ms);
+  row("whole generate ms (t_N)", 2, generate_ms);
+  row("weight GiB (tied once)", 3, weight_bytes / gib);
+  row("KV-cache GiB read per step (mean context)", 3, kv_bytes / gib);
+  row("bandwidth bound ms/step @ " + std::to_string(static_cast<int64_t>(args.bandwidth_gbs)) + " GB/s", 3, bound_ms);
+  row("bound / measured", 3, bound_ms / decode_ms);
+  std::printf("%-44s %s\n", "peak device memory", dapo::bench::peak_memory_text(peak, args.device).c_str());
+
+  nlohmann::json record{{"benchmark", "greedy generate: decode speed against the bandwidth bound"},
+                        {"machine", dapo::bench::machine()},
+                        {"device", args.device.str()},
+                        {"device_name", device_name},
+                        {"shape", args.shape},
+                        {"config", config.to_json()},
+                        {"parameters", bytes.parameters},
+                        {"dtype", args.dtype_name},
+                        {"batch", args.batch},
+                        {"prompt", args.prompt},
+                        {"new_tokens", args.new_tokens},
+                        {"repeats", args.repeats},
+                        {"threads", args.threads},
+                        {"bandwidth_gbs", args.bandwidth_gbs},
+                        {"check",
+                         {{"dtype", "float32"},
+                          {"prompts", check.prompts},
+                          {"prompt_tokens", check.prompt_tokens},
+                          {"new_tokens", check.new_tokens},
+                          {"identical_fraction", check.identical_fraction},
+                          {"near_tie_rows", check.near_ties}}},
+                        {"tokens_per_second", tokens_per_second},
+                        {"decode_ms_per_step", decode_ms},
+                        {"prefill_ms", prefill_ms},
+                        {"generate_ms", generate_ms},
+                        {"generate_ms_by_repeat", timings.generate_ms},
+                        {"prefill_ms_by_repeat", timings.prefill_ms},
+                        {"weight_bytes", bytes.weight_bytes},
+                        {"kv_bytes_per_decode_step", kv_bytes},
+                        {"bandwidth_bound_ms_per_step", bound_ms},
+                        {"bound_over_measured", bound_ms / decode_ms}};
+  record.update(dapo::bench::peak_memory_json(peak));
+  dapo::bench::write_json(record, args.json_path);
+  std::printf("wrote %s\n", args.json_path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qwen::use_passive_thread_pools(argv);
+  Args args;
+  try {
+    args = parse_args(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "generate_bench: %s\n", error.what());
+    return 2;
+  }
+  try {
+    return run(args);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "generate_bench: %s\n", error.what());
+    return 1;
+  }
+}

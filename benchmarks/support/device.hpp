@@ -1,0 +1,126 @@
+// The device a benchmark runs on (--device cpu, cuda or cuda:N): parsing that fails before any work when CUDA is
+// absent, synchronisation before a clock stops, the device's name, and the peak memory of LibTorch's CUDA caching
+// allocator. The allocator's statistics need LibTorch's CUDA headers, so they are compiled only where
+// benchmarks/CMakeLists.txt defines DAPO_BENCH_CUDA (a LibTorch with CUDA); elsewhere they are reported as null.
+#pragma once
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+#include <torch/version.h>
+
+#if defined(DAPO_BENCH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "support/harness.hpp"
+
+namespace dapo::bench {
+
+// cpu, cuda (= cuda:0) or cuda:N. Throws std::invalid_argument naming --device when the text is none of these, when
+// this LibTorch has no CUDA or sees no GPU, or when there is no GPU N. A CUDA device becomes the current one, so that
+// streams and allocations without an explicit device stay on it.
+inline torch::Device parse_device(const std::string& text) {
+  std::optional<torch::Device> device;
+  try {
+    device.emplace(text);
+  } catch (const std::exception&) {
+  }
+  if (!device || !(device->is_cpu() || device->is_cuda())) {
+    throw std::invalid_argument("--device is '" + text + "', expected cpu, cuda or cuda:N");
+  }
+  if (device->is_cpu()) return torch::kCPU;
+  if (!torch::cuda::is_available()) {
+    throw std::invalid_argument("--device is " + text + ", but CUDA is not available here (this LibTorch " +
+                                std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
+                                " was built without CUDA, or no GPU is visible); use --device cpu");
+  }
+  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = device->has_index() ? device->index() : 0;
+  if (index >= count) {
+    throw std::invalid_argument("--device is " + text + ", but only " + std::to_string(count) +
+                                " GPU(s) are visible (cuda:0 to cuda:" + std::to_string(count - 1) + ")");
+  }
+  const torch::Device cuda(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  c10::impl::getDeviceGuardImpl(cuda.type())->setDevice(cuda);
+  return cuda;
+}
+
+// Waits for the device's queued work (kernels run asynchronously on CUDA); nothing to do on the CPU.
+inline void synchronize(torch::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// "cpu (<CPU model>)", or "cuda:N (<GPU name>, <memory> GiB)" where LibTorch has CUDA.
+inline std::string device_name(torch::Device device) {
+  if (device.is_cpu()) return "cpu (" + cpu_model() + ")";
+#if defined(DAPO_BENCH_CUDA)
+  const cudaDeviceProp* properties = at::cuda::getDeviceProperties(device.index());
+  char memory[32];
+  std::snprintf(memory, sizeof memory, "%.0f GiB", static_cast<double>(properties->totalGlobalMem) / (1 << 30));
+  return device.str() + " (" + properties->name + ", " + memory + ")";
+#else
+  return device.str();
+#endif
+}
+
+// Peak bytes of LibTorch's CUDA caching allocator since the last reset_peak_memory: allocated (held by tensors) and
+// reserved (taken from the driver, cached blocks included). Empty off CUDA and in builds without CUDA.
+struct PeakMemory {
+  int64_t allocated_bytes = 0, reserved_bytes = 0;
+};
+
+// The allocator's API is the same in LibTorch 1.13 (c10::cuda::CUDACachingAllocator::DeviceStats, int device) and 2.x
+// (c10::CachingDeviceAllocator::DeviceStats, c10::DeviceIndex; emptyCache gains a defaulted memory-pool argument),
+// up to the types that `auto` and the implicit index conversion absorb; index 0 of each StatArray is
+// StatType::AGGREGATE (both pools). So no TORCH_VERSION guard is needed.
+
+// Starts a measurement: hands the allocator's cached free blocks back to the driver (those of earlier work, such as
+// the float32 weights a model was cast from), so that the reserved peak counts what the measured work holds.
+inline void reset_peak_memory([[maybe_unused]] torch::Device device) {
+#if defined(DAPO_BENCH_CUDA)
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  }
+#endif
+}
+
+inline std::optional<PeakMemory> peak_memory([[maybe_unused]] torch::Device device) {
+#if defined(DAPO_BENCH_CUDA)
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return PeakMemory{stats.allocated_bytes[0].peak, stats.reserved_bytes[0].peak};
+  }
+#endif
+  return std::nullopt;
+}
+
+// The JSON fields of a peak: peak_device_memory_bytes (allocated by tensors: what PyTorch's
+// torch.cuda.max_memory_allocated() reports) and peak_device_reserved_bytes; null where there is none to report (CPU,
+// or a LibTorch without CUDA).
+inline nlohmann::json peak_memory_json(const std::optional<PeakMemory>& peak) {
+  if (!peak) return {{"peak_device_memory_bytes", nullptr}, {"peak_device_reserved_bytes", nullptr}};
+  return {{"peak_device_memory_bytes", peak->allocated_bytes}, {"peak_device_reserved_bytes", peak->reserved_bytes}};
+}
+
+// For tables: "12.34 GiB allocated, 13.00 GiB reserved", or "n/a (<why>)".
+inline std::string peak_memory_text(const std::optional<PeakMemory>& peak, torch::Device device) {
+  if (!peak) return device.is_cuda() ? "n/a (built without LibTorch CUDA)" : "n/a (CPU)";
+  char text[96];
+  std::snprintf(text, sizeof text, "%.2f GiB allocated, %.2f GiB reserved",
+                static_cast<double>(peak->allocated_bytes) / (1 << 30),
+                static_cast<double>(peak->reserved_bytes) / (1 << 30));
+  return text;
+}
+
+}  // namespace dapo::bench

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Prepares device-carry/ (git-ignored) for scripts/device-check.sh on a GPU machine that has no apt and no network:
+# the Debian 12 packages of the build dependencies that PyTorch's LibTorch does not bring (downloaded with
+# `apt-get download`, unpacked there with dpkg -x into a prefix), and a copy of ../shared, the tests' reference data
+# (carried, never committed). Then prints what to send: the command, the folder to carry and the time limit.
+#   bash scripts/device-prepare.sh            download (once) and check the size
+#   bash scripts/device-prepare.sh --unpack   also unpack into build-device/prefix and check it (what CI runs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+carry=device-carry
+# Headers and CMake/pkg-config files of the build, the runtime libraries they link, pkgconf (CMake's pkg_check_modules
+# needs a pkg-config; the GPU machine may have none), and gloo's headers (LibTorch's c10d headers include them; used
+# only when PyTorch's own include/ lacks them). No tcmalloc: the device build uses the system allocator.
+packages=(doctest-dev nlohmann-json3-dev libcli11-dev libeigen3-dev
+          libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2
+          pkgconf-bin libpkgconf3 libgloo-dev)
+shared=${DAPO_SHARED_DIR:-../shared}
+
+mkdir -p "$carry/debs"
+missing=()
+for package in "${packages[@]}"; do
+  compgen -G "$carry/debs/${package}_*.deb" >/dev/null || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "device-prepare: downloading ${missing[*]}"
+  if ! (cd "$carry/debs" && apt-get download -q "${missing[@]}"); then
+    echo "device-prepare: apt-get download failed; updating the package lists and trying again"
+    apt-get update -q
+    (cd "$carry/debs" && apt-get download -q "${missing[@]}")
+  fi
+fi
+for package in "${packages[@]}"; do
+  count=$(compgen -G "$carry/debs/${package}_*.deb" | wc -l)
+  if [[ $count != 1 ]]; then
+    echo "device-prepare: expected one $package .deb in $carry/debs, found $count (delete the folder and rerun)" >&2
+    exit 1
+  fi
+done
+
+if [[ ! -d $shared/fixtures ]]; then
+  echo "device-prepare: no reference data at $shared (set DAPO_SHARED_DIR): the device's tests would skip" >&2
+  exit 1
+fi
+rm -rf "$carry/shared"
+mkdir -p "$carry/shared"
+cp -r "$shared/fixtures" "$shared/data" "$carry/shared/"
+
+if [[ ${1:-} == --unpack ]]; then
+  bash scripts/device-check.sh --unpack-only
+fi
+
+# What travels: the working tree (tracked files, untracked files git does not ignore) plus the carried folder.
+tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 -r stat -c %s -- 2>/dev/null |
+  awk '{s += $1} END {print s + 0}')
+carry_bytes=$(du -sb "$carry" | cut -f1)
+limit=$((64 * 1024 * 1024))
+total=$((tree_bytes + carry_bytes))
+awk -v t="$tree_bytes" -v c="$carry_bytes" -v name="$carry" 'BEGIN {
+  printf "device-prepare: working tree %.1f MiB + %s %.1f MiB = %.1f MiB (limit 64 MiB)\n", t / 1048576, name,
+         c / 1048576, (t + c) / 1048576 }'
+if ((total > limit)); then
+  echo "device-prepare: too large to travel" >&2
+  exit 1
+fi
+cat <<EOF
+
+Send (device tool, run):
+  command:   bash scripts/device-check.sh
+  carry:     ["$carry"]
+  timeout_s: 540
+Results come back in \$OUT: report.md (the table for docs/benchmarks.md), results.json, log.txt, fixture.tar.gz
+(tests/fixtures/transformers: untar it in the repository root and commit it). A second try on the same warm machine
+reuses build-device/: add --stages with the stages still missing (see scripts/device-check.sh --help).
+EOF

@@ -1,0 +1,226 @@
+// The driver on CUDA, for a machine with a GPU: the fused loss kernel registered in a program that links dapo::torch
+// exactly when dapo was built with CUDA (checked everywhere); the demo model's logits and greedy continuations on CUDA
+// against the CPU, a trainer step and a short demo run on CUDA (skipped with a message without a GPU); --device errors.
+//
+// Shapes: L = prompt + continuation tokens, V = vocabulary (259, the byte-level tokenizer's).
+#include <torch/cuda.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <dapo/loss.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "qwen_gsm8k/cli/commands.hpp"
+#include "qwen_gsm8k/common/json_lines.hpp"
+#include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
+#include "qwen_gsm8k/train/trainer.hpp"
+#include "support/qwen_fixtures.hpp"
+
+#ifndef DAPO_TEST_EXPECT_CUDA_KERNEL
+#error "tests/CMakeLists.txt defines DAPO_TEST_EXPECT_CUDA_KERNEL: 1 when the dapo_cuda target exists, else 0"
+#endif
+
+namespace {
+
+qwen::Tokenizer demo_tokenizer() {
+  return qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+}
+
+// The demo's model, initialised on the CPU from `seed` (as run_demo does), then moved to `device`.
+qwen::Qwen2ForCausalLM seeded_demo_model(torch::Device device, uint64_t seed = 0) {
+  torch::manual_seed(static_cast<int64_t>(seed));
+  qwen::Qwen2ForCausalLM model(qwen::demo_model_config());
+  qwen::initialize_weights(model);
+  model->to(device);
+  model->eval();
+  return model;
+}
+
+// Logits [1, L, V] of one sequence, on the CPU.
+torch::Tensor sequence_logits(qwen::Qwen2ForCausalLM& model, const std::vector<int64_t>& ids) {
+  torch::NoGradGuard no_grad;
+  const auto device = model->lm_head_weight().device();
+  const torch::Tensor input = torch::tensor(ids, torch::kInt64).unsqueeze(0).to(device);
+  const torch::Tensor mask = torch::ones_like(input);
+  return model->forward(input, mask, qwen::position_ids_from_mask(mask)).cpu();
+}
+
+// The smallest gap between the two largest logits over `rows` of [L, V]: how far greedy decoding is from a tie.
+double smallest_top2_gap(const torch::Tensor& logits) {
+  const torch::Tensor top = std::get<0>(logits.topk(2, /*dim=*/-1));  // [L, 2]
+  return (top.select(1, 0) - top.select(1, 1)).min().item<double>();
+}
+
+std::vector<int64_t> greedy_tokens(qwen::Qwen2ForCausalLM& model, const std::vector<int64_t>& prompt,
+                                   int64_t new_tokens) {
+  qwen::GenerationOptions options;
+  options.max_new_tokens = new_tokens;
+  options.sampling.temperature = 0.0;
+  options.pad_id = 256;
+  const torch::Tensor tokens = qwen::generate(model, {prompt}, options).tokens.cpu();
+  return std::vector<int64_t>(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + tokens.numel());
+}
+
+}  // namespace
+
+TEST_CASE("CUDA: the fused CUDA loss kernel is registered exactly when dapo was built with CUDA") {
+  // This program links qwen_model -> dapo::torch as qwen_gsm8k does: if dapo_cuda exists, its registration must have
+  // reached the program (not been dropped from a static library), else policy_loss would silently run the composite.
+  const bool registered = dapo::detail::cuda_policy_loss_kernel() != nullptr;
+  CAPTURE(DAPO_TEST_EXPECT_CUDA_KERNEL);
+  CHECK(registered == (DAPO_TEST_EXPECT_CUDA_KERNEL != 0));
+}
+
+TEST_CASE("CUDA: --device is checked with the option named, on the command line and in run_demo") {
+  const auto parse = [](std::vector<std::string> args) {
+    CLI::App app;
+    qwen::cli::DemoCommand command;
+    qwen::cli::add_demo_command(app, command);
+    std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+    app.parse(args);
+    return command.options.device;
+  };
+  CHECK(parse({"demo"}) == torch::Device(torch::kCPU));
+  CHECK(parse({"demo", "--device", "cpu"}) == torch::Device(torch::kCPU));
+  CHECK_THROWS_WITH_AS(parse({"demo", "--device", "gpu"}),
+                       doctest::Contains("--device: \"gpu\" is not a device, expected cpu or cuda[:N]"),
+                       CLI::ValidationError);
+  CHECK_THROWS_WITH_AS(qwen::check_demo_device(torch::Device("meta")),
+                       doctest::Contains("--device meta is not supported, expected cpu or cuda[:N]"),
+                       std::invalid_argument);
+  if (!torch::cuda::is_available()) {
+    CHECK_THROWS_WITH_AS(
+        parse({"demo", "--device", "cuda"}),
+        doctest::Contains("demo: --device cuda asks for CUDA, but torch::cuda::is_available() is false"),
+        CLI::ValidationError);
+    dapo::test::ScratchDir scratch;
+    qwen::DemoOptions demo;
+    demo.output_dir = scratch.path();  // refused before anything is written; nothing would land in the working dir
+    demo.quiet = true;
+    demo.device = torch::Device(torch::kCUDA);
+    CHECK_THROWS_WITH_AS(qwen::run_demo(demo), doctest::Contains("--device cuda asks for CUDA"), std::invalid_argument);
+    return;
+  }
+  CHECK(parse({"demo", "--device", "cuda:0"}) == torch::Device(torch::kCUDA, 0));
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  const std::string past_the_last = "names GPU " + std::to_string(count);
+  CHECK_THROWS_WITH_AS(qwen::check_demo_device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(count))),
+                       doctest::Contains(past_the_last.c_str()), std::invalid_argument);
+}
+
+TEST_CASE("CUDA: the demo model gives the CPU's logits and greedy continuations on CUDA") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the model-on-CUDA checks are skipped");
+    return;
+  }
+  auto cpu = seeded_demo_model(torch::kCPU);
+  auto cuda = seeded_demo_model(torch::Device(torch::kCUDA, 0));
+  CHECK(cuda->lm_head_weight().is_cuda());
+  for (const auto& item : cuda->named_parameters()) {
+    CAPTURE(item.key());
+    CHECK(torch::equal(item.value().cpu(), cpu->named_parameters()[item.key()]));  // the same seeded start
+  }
+  const auto tokenizer = demo_tokenizer();
+  const auto problems = qwen::make_demo_problems({.test_count = 3});
+  constexpr int64_t kNewTokens = 16;
+  for (const auto& problem : problems.test) {
+    CAPTURE(problem.question);
+    const std::vector<int64_t> prompt = qwen::prompt_ids(tokenizer, "Answer.", problem.question);
+    const std::vector<int64_t> on_cpu = greedy_tokens(cpu, prompt, kNewTokens);
+    const std::vector<int64_t> on_cuda = greedy_tokens(cuda, prompt, kNewTokens);
+    // Teacher-forced along the CPU's continuation: every position's logits, float32 on both devices.
+    std::vector<int64_t> sequence = prompt;
+    sequence.insert(sequence.end(), on_cpu.begin(), on_cpu.end());
+    const torch::Tensor cpu_logits = sequence_logits(cpu, sequence)[0];  // [L, V]
+    const torch::Tensor cuda_logits = sequence_logits(cuda, sequence)[0];
+    const double difference = (cuda_logits - cpu_logits).abs().max().item<double>();
+    CAPTURE(difference);
+    CHECK(torch::allclose(cuda_logits, cpu_logits, /*rtol=*/1e-4, /*atol=*/1e-4));
+    // The greedy choices: the same tokens, unless the CPU itself was within the logits' tolerance of a tie.
+    const auto steps = static_cast<int64_t>(prompt.size()) - 1;
+    const double gap = smallest_top2_gap(cpu_logits.narrow(0, steps, kNewTokens));
+    CAPTURE(gap);
+    if (gap > 1e-3) {
+      CHECK(on_cuda == on_cpu);
+    } else {
+      MESSAGE("a near tie (top-2 logit gap " << gap << "): the continuations are not compared for this prompt");
+    }
+  }
+}
+
+TEST_CASE("CUDA: one trainer step on CUDA runs, keeps the weights there and gives a finite loss") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the trainer-on-CUDA check is skipped");
+    return;
+  }
+  auto model = seeded_demo_model(torch::Device(torch::kCUDA, 0));
+  const auto problems = qwen::make_demo_problems({.test_count = 4});
+  qwen::TrainOptions options;
+  options.total_steps = 1;
+  options.train_batch_size = 2;
+  options.rollout_n = 2;
+  options.ppo_mini_batch_size = 1;
+  options.ppo_epochs = 2;
+  options.max_new_tokens = 8;
+  options.rewards.overlong_cache = 4;
+  options.dynamic_sampling = false;  // a random model is never right: every group would be filtered
+  options.lr = 1e-3;
+  options.eval_problems = 2;
+  options.quiet = true;
+  options.seed = 3;
+  options.system_prompt = "Answer.";
+  qwen::Trainer trainer(model, demo_tokenizer(), problems.train, problems.test, options);
+  const torch::Tensor before = model->parameters()[0].detach().clone();
+  const nlohmann::json row = trainer.step();
+  CAPTURE(row.dump());
+  CHECK(std::isfinite(row.at("loss").get<double>()));
+  CHECK(std::isfinite(row.at("entropy").get<double>()));
+  CHECK(std::isfinite(row.at("grad_norm").get<double>()));
+  CHECK(row.at("skipped_updates") == 0);
+  for (const auto& parameter : model->parameters()) CHECK(parameter.is_cuda());
+  CHECK_FALSE(model->parameters()[0].detach().equal(before));  // it trained
+  CHECK(trainer.evaluate().problems == 2);                     // greedy evaluation on CUDA
+}
+
+TEST_CASE("CUDA: a short demo run on CUDA: warm start, GRPO step, evaluations, summary and a loadable checkpoint") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the demo-on-CUDA check is skipped");
+    return;
+  }
+  dapo::test::ScratchDir scratch;
+  qwen::DemoOptions demo;
+  demo.output_dir = scratch.path();
+  demo.device = torch::Device(torch::kCUDA);
+  demo.algorithm = qwen::Algorithm::kGrpo;  // no dynamic sampling: a barely warm model may agree in every group
+  demo.sft_steps = 10;
+  demo.sft_min_steps = 10;
+  demo.sft_check_every = 10;
+  demo.sft_check_problems = 4;
+  demo.sft_batch = 8;
+  demo.rl_steps = 1;
+  demo.rl_groups = 2;
+  demo.rl_mini_groups = 1;
+  demo.rollout_n = 2;
+  demo.ppo_epochs = 1;
+  demo.eval_problems = 4;
+  demo.quiet = true;
+  const nlohmann::json summary = qwen::run_demo(demo);
+  CHECK(summary.at("device") == "cuda:0");
+  CHECK(summary.at("warm_start_steps") == 10);
+  CHECK(summary.at("evals").size() == 2);  // after the warm start and after the step
+  CHECK(qwen::read_json_lines(scratch.path() / "metrics.jsonl").size() == 1);
+  CHECK(dapo::test::read_json(scratch.path() / "summary.json").at("device") == "cuda:0");
+  // The checkpoint was written from CUDA weights and loads on the CPU.
+  const auto checkpoint = scratch.path() / "checkpoints" / "step-000001";
+  REQUIRE(std::filesystem::exists(checkpoint / "model.safetensors"));
+  auto loaded = qwen::load_model(checkpoint);
+  for (const auto& parameter : loaded->parameters()) CHECK(torch::isfinite(parameter).all().item<bool>());
+}
