@@ -23,24 +23,9 @@
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/harness.hpp"
+#include "support/shapes.hpp"
 
 namespace {
-
-qwen::Config qwen25_05b_shape() {
-  return qwen::Config::from_json({{"model_type", "qwen2"},
-                                  {"vocab_size", 151936},
-                                  {"hidden_size", 896},
-                                  {"intermediate_size", 4864},
-                                  {"num_hidden_layers", 24},
-                                  {"num_attention_heads", 14},
-                                  {"num_key_value_heads", 2},
-                                  {"max_position_embeddings", 32768},
-                                  {"rms_norm_eps", 1e-6},
-                                  {"rope_theta", 1000000.0},
-                                  {"tie_word_embeddings", true},
-                                  {"eos_token_id", 151645}},
-                                 "Qwen2.5-0.5B shape");
-}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -75,7 +60,7 @@ std::string run(const std::string& command) {
 int run_child(const std::string& mode, const std::string& dir) {
   if (mode == "--create") {
     torch::manual_seed(0);
-    qwen::Qwen2ForCausalLM model(qwen25_05b_shape());
+    qwen::Qwen2ForCausalLM model(dapo::bench::model_shape("qwen2.5-0.5b"));
     qwen::initialize_weights(model);
     qwen::save_model(model, dir);
     return 0;

@@ -23,6 +23,7 @@
 #include "qwen_gsm8k/train/rollout.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 #include "support/qwen_fixtures.hpp"
+#include "support/tiny_model.hpp"
 
 #ifndef DAPO_TEST_EXPECT_CUDA_KERNEL
 #error "tests/CMakeLists.txt defines DAPO_TEST_EXPECT_CUDA_KERNEL: 1 when the dapo_cuda target exists, else 0"
@@ -163,19 +164,8 @@ TEST_CASE("CUDA: one trainer step on CUDA runs, keeps the weights there and give
   }
   auto model = seeded_demo_model(torch::Device(torch::kCUDA, 0));
   const auto problems = qwen::make_demo_problems({.test_count = 4});
-  qwen::TrainOptions options;
+  qwen::TrainOptions options = dapo::test::small_train_options({});
   options.total_steps = 1;
-  options.train_batch_size = 2;
-  options.rollout_n = 2;
-  options.ppo_mini_batch_size = 1;
-  options.ppo_epochs = 2;
-  options.max_new_tokens = 8;
-  options.rewards.overlong_cache = 4;
-  options.dynamic_sampling = false;  // a random model is never right: every group would be filtered
-  options.lr = 1e-3;
-  options.eval_problems = 2;
-  options.quiet = true;
-  options.seed = 3;
   options.system_prompt = "Answer.";
   qwen::Trainer trainer(model, demo_tokenizer(), problems.train, problems.test, options);
   const torch::Tensor before = model->parameters()[0].detach().clone();

@@ -27,25 +27,6 @@ bool timing_field(const std::string& key) {
   return key.ends_with("seconds") || key.ends_with("per_second");
 }
 
-qwen::TrainOptions small_options(const std::filesystem::path& output) {
-  qwen::TrainOptions options;
-  options.total_steps = 2;
-  options.train_batch_size = 2;
-  options.rollout_n = 2;
-  options.ppo_mini_batch_size = 1;
-  options.ppo_epochs = 2;
-  options.max_new_tokens = 8;
-  options.rewards.overlong_cache = 4;
-  options.dynamic_sampling = false;  // a random model is never right: every group would be filtered
-  options.lr = 1e-3;
-  options.eval_problems = 2;
-  options.save_every = 1;
-  options.output_dir = output;
-  options.quiet = true;
-  options.seed = 3;
-  return options;
-}
-
 }  // namespace
 
 TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, checkpoint reload and exact resume") {
@@ -76,7 +57,7 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
   const auto train = qwen::load_problems(*shared / "data/gsm8k/train.jsonl").problems;
   const auto test = qwen::load_problems(*shared / "data/gsm8k/test.jsonl").problems;
   const auto tokenizer = qwen::Tokenizer::from_directory(model_dir);
-  auto options = small_options(scratch.path() / "run");
+  auto options = dapo::test::small_train_options(scratch.path() / "run");
   options.tokenizer_dir = model_dir;
 
   qwen::Trainer first(qwen::load_model(model_dir), tokenizer, train, test, options);
@@ -182,7 +163,7 @@ TEST_CASE("dynamic sampling stops with its clear error when max_num_gen_batches 
   qwen::Qwen2ForCausalLM model(qwen::demo_model_config());
   qwen::initialize_weights(model);  // random: never right, so every group's accuracies agree
   const auto problems = qwen::make_demo_problems({.test_count = 4});
-  auto options = small_options({});
+  auto options = dapo::test::small_train_options({});
   options.dynamic_sampling = true;
   options.max_num_gen_batches = 2;
   options.max_new_tokens = 4;
@@ -202,7 +183,7 @@ TEST_CASE("autocast (mixed precision): bfloat16 forward passes over float32 weig
     torch::manual_seed(0);
     qwen::Qwen2ForCausalLM model(qwen::demo_model_config());
     qwen::initialize_weights(model);
-    auto options = small_options({});
+    auto options = dapo::test::small_train_options({});
     options.max_new_tokens = 6;
     options.system_prompt = "Answer.";
     options.autocast = autocast;
@@ -252,7 +233,7 @@ TEST_CASE("rollout: ids of the model's padded vocabulary (beyond the tokenizer's
 }
 
 TEST_CASE("train options are checked with the option named") {
-  auto options = small_options({});
+  auto options = dapo::test::small_train_options({});
   auto error_of = [](const qwen::TrainOptions& o) {
     try {
       o.validate();
