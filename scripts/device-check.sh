@@ -18,7 +18,7 @@
 #                  transformers parts skipped when it is not importable; the build sees the carried packages only
 #                  (the system's copies are hidden in a private mount namespace)
 #   --unpack-only  unpack device-carry/ into build-device/prefix and check it (CI runs this)
-#   --budget       seconds for everything (default 510): each stage gets at most what is left, stages that no longer
+#   --budget       seconds for everything (default 510; 3600 with --dry-run): each stage gets at most what is left, stages that no longer
 #                  fit are reported as skipped, so the command always returns with its report
 # Each stage runs under a time limit and may fail without stopping the others; the report says which did what.
 set -uo pipefail
@@ -27,7 +27,7 @@ all_stages=deps,build,fixture,cuda_tests,generate,step,checkpoint,demo,tests
 stages=$all_stages
 dry_run=0
 unpack_only=0
-budget=510
+budget=
 out=${OUT:-}
 while (($#)); do
   case $1 in
@@ -41,6 +41,7 @@ while (($#)); do
   esac
   shift
 done
+budget=${budget:-$((dry_run ? 3600 : 510))}  # a cold build here takes many minutes on 2 cores
 for stage in ${stages//,/ }; do
   [[ ,$all_stages, == *,$stage,* ]] || { echo "device-check: unknown stage $stage (stages: $all_stages)" >&2; exit 2; }
 done
