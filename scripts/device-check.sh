@@ -18,8 +18,8 @@
 #                  transformers parts skipped when it is not importable; the build sees the carried packages only
 #                  (the system's copies are hidden in a private mount namespace)
 #   --unpack-only  unpack device-carry/ into build-device/prefix and check it (CI runs this)
-#   --budget       seconds for everything (default 510; 3600 with --dry-run): each stage gets at most what is left, stages that no longer
-#                  fit are reported as skipped, so the command always returns with its report
+#   --budget       seconds for everything (default 510; 3600 with --dry-run): each stage gets at most what is left,
+#                  stages that no longer fit are reported as skipped, so the command always returns with its report
 # Each stage runs under a time limit and may fail without stopping the others; the report says which did what.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
