@@ -141,8 +141,9 @@ stage_build() {
   fi
 }
 
-have_transformers() { python3 -c 'import transformers, torch' >/dev/null 2>&1; }
-have_cuda() { ((!dry_run)) && python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1; }
+# Probed once before the stages (importing torch and transformers takes seconds of the GPU budget each time).
+have_transformers() { ((transformers_importable)); }
+have_cuda() { ((!dry_run && cuda_available)); }
 bin() { echo "$build/$1"; }
 
 # --- stages -----------------------------------------------------------------------------------------------------
@@ -284,6 +285,11 @@ echo "device-check: $(date -u '+%Y-%m-%d %H:%M UTC'), stages $stages, budget ${b
   cmake --version | head -1
   echo "$(nproc) cores"
 } | tee "$results/machine.txt"
+
+transformers_importable=0 cuda_available=0
+python3 -c 'import transformers, torch' >/dev/null 2>&1 && transformers_importable=1
+python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1 && cuda_available=1
+export transformers_importable cuda_available
 
 # Caps in seconds: what each stage may take at most, within what is left of the budget.
 declare -A cap=([deps]=30 [build]=330 [fixture]=60 [cuda_tests]=90 [generate]=120 [step]=150 [checkpoint]=90
