@@ -121,8 +121,8 @@ struct StepTimes {
 
 StepTimes time_steps(qwen::Trainer& trainer, int64_t steps, torch::Device device) {
   const nlohmann::json first = trainer.step();  // warm-up, and the check
-  if (first.at("clip_fraction_by_minibatch").at(0).get<double>() != 0.0 ||
-      !std::isfinite(first.at("loss").get<double>())) {
+  if (first.at("actor/pg_clipfrac_by_update").at(0).get<double>() != 0.0 ||
+      !std::isfinite(first.at("actor/pg_loss").get<double>())) {
     throw std::runtime_error("step_bench: the first update is not on-policy or the loss is not finite: " +
                              first.dump());
   }
@@ -132,12 +132,12 @@ StepTimes time_steps(qwen::Trainer& trainer, int64_t steps, torch::Device device
   const auto before = dapo::bench::Usage::now();
   for (int64_t s = 0; s < steps; ++s) {
     const nlohmann::json row = trainer.step();
-    times.rollout_tps.push_back(row.at("rollout_tokens_per_second"));
-    times.update_tps.push_back(row.at("update_tokens_per_second"));
-    times.rollout_s.push_back(row.at("rollout_seconds"));
-    times.update_s.push_back(row.at("update_seconds"));
-    times.step_s.push_back(row.at("step_seconds"));
-    times.lengths.push_back(row.at("response_length_mean"));
+    times.rollout_tps.push_back(row.at("perf/rollout_tokens_per_second"));
+    times.update_tps.push_back(row.at("perf/update_tokens_per_second"));
+    times.rollout_s.push_back(row.at("timing_s/gen"));
+    times.update_s.push_back(row.at("timing_s/update_actor"));
+    times.step_s.push_back(row.at("timing_s/step"));
+    times.lengths.push_back(row.at("sampled/response_length/mean"));
   }
   times.usage = (dapo::bench::Usage::now() - before).per(static_cast<double>(steps));
   times.peak = dapo::bench::peak_memory(device);

@@ -208,8 +208,8 @@ demo_device() { have_cuda && echo cuda || echo cpu; }
 # A demo of a few minutes' fraction: enough for the trainer to save a checkpoint, not to learn. GRPO: its one step
 # needs no informative group, which DAPO's dynamic sampling would wait for from a barely warmed-up model.
 short_demo() {
-  "$(bin examples/qwen_gsm8k/qwen_gsm8k)" demo --algo grpo --device "$(demo_device)" --output "$1" --sft-steps 20 \
-    --sft-min-steps 10 \
+  "$(bin examples/qwen_gsm8k/qwen_gsm8k)" demo --algo grpo --device "$(demo_device)" --overwrite --output "$1" \
+    --sft-steps 20 --sft-min-steps 10 \
     --rl-steps 1 --rl-groups 4 --rl-mini-groups 4 --rollout-n 4 --eval-problems 10 "${@:2}"
 }
 
@@ -230,7 +230,7 @@ stage_demo() {
   local dir=$work/demo
   rm -rf "$dir"
   if have_cuda; then
-    "$(bin examples/qwen_gsm8k/qwen_gsm8k)" demo --device cuda --seed 1 --output "$dir" || return 1
+    "$(bin examples/qwen_gsm8k/qwen_gsm8k)" demo --device cuda --seed 1 --overwrite --output "$dir" || return 1
   else  # the full demo is the README's main job; here only the short one
     short_demo "$dir" || return 1
   fi

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-mapfile -t packages < <(grep -v '^#' scripts/packages.txt | grep -v '^$')
+# DAPO_PACKAGE_LISTS: the lists to install (default scripts/packages.txt; test.sh adds scripts/test-packages.txt).
+# shellcheck disable=SC2086  # a list of files
+mapfile -t packages < <(grep -hv '^#' ${DAPO_PACKAGE_LISTS:-scripts/packages.txt} | grep -v '^$')
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

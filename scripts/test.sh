@@ -3,5 +3,13 @@
 # (e.g. scripts/test.sh -R core). Tests that need ../shared skip with a message when it is absent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-scripts/setup.sh
+# The torchrun test (tests/qwen/torchrun_test.cpp) needs Debian's python3-torch, a test-only package
+# (scripts/test-packages.txt): installed here, and then required, so that a missing torchrun fails instead of skipping.
+# DAPO_TORCHRUN_TEST=optional (the LibTorch 2.x leg, whose Debian 13 root lacks it) neither installs nor requires it.
+export DAPO_TORCHRUN_TEST=${DAPO_TORCHRUN_TEST:-required}
+if [[ $DAPO_TORCHRUN_TEST == required ]]; then
+  DAPO_PACKAGE_LISTS="scripts/packages.txt scripts/test-packages.txt" scripts/setup.sh
+else
+  scripts/setup.sh
+fi
 ctest --test-dir "${DAPO_BUILD_DIR:-build}" --output-on-failure "$@"

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <thread>
+#include <tuple>
 
 #include "qwen_gsm8k/cli/commands.hpp"
 #include "qwen_gsm8k/cli/runtime.hpp"
@@ -22,7 +23,9 @@ int main(int argc, char** argv) {
   int local_ranks = 1;
   if (const char* local_world = std::getenv("LOCAL_WORLD_SIZE")) local_ranks = std::max(1, std::atoi(local_world));
   int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
-  app.add_option("--threads", threads, "CPU threads for LibTorch (default: the cores, shared among local ranks)");
+  app.add_option("--threads", threads, "CPU threads for LibTorch (default: the cores, shared among local ranks)")
+      ->capture_default_str()
+      ->check(qwen::cli::positive());
   qwen::cli::DemoCommand demo;
   qwen::cli::TrainCommand train;
   qwen::cli::CompareCommand compare;
@@ -33,8 +36,22 @@ int main(int argc, char** argv) {
   qwen::cli::add_tokenize_command(app, tokenize);
   CLI11_PARSE(app, argc, argv);
 
+  // --print-config: the settings as parsed (and checked), nothing run.
+  for (const auto& [parsed, printed, command] : {std::tuple{demo.app->parsed(), demo.print_config, demo.app},
+                                                 std::tuple{train.app->parsed(), train.print_config, train.app}}) {
+    if (parsed && printed) {
+      std::cout << qwen::cli::effective_config(*command);
+      return 0;
+    }
+  }
+
   qwen::DistributedConfig distributed;
   try {
+    // Before any rank starts, once: by this process alone, the launcher, or rank 0 of a torchrun-style launch.
+    if (qwen::cli::prepares_output_here()) {
+      if (demo.app->parsed()) qwen::cli::prepare_demo_output(demo);
+      if (train.app->parsed()) qwen::cli::prepare_train_output(train);
+    }
     const qwen::cli::LaunchSettings& launch = train.app->parsed() ? train.launch : demo.launch;
     if (const auto launched = qwen::cli::launch_or_join(launch, argc, argv, distributed)) return *launched;
   } catch (const std::exception& error) {

@@ -171,9 +171,9 @@ TEST_CASE("CUDA: one trainer step on CUDA runs, keeps the weights there and give
   const torch::Tensor before = model->parameters()[0].detach().clone();
   const nlohmann::json row = trainer.step();
   CAPTURE(row.dump());
-  CHECK(std::isfinite(row.at("loss").get<double>()));
-  CHECK(std::isfinite(row.at("entropy").get<double>()));
-  CHECK(std::isfinite(row.at("grad_norm").get<double>()));
+  CHECK(std::isfinite(row.at("actor/pg_loss").get<double>()));
+  CHECK(std::isfinite(row.at("actor/entropy").get<double>()));
+  CHECK(std::isfinite(row.at("actor/grad_norm").get<double>()));
   CHECK(row.at("skipped_updates") == 0);
   for (const auto& parameter : model->parameters()) CHECK(parameter.is_cuda());
   CHECK_FALSE(model->parameters()[0].detach().equal(before));  // it trained

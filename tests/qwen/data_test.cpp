@@ -107,6 +107,40 @@ TEST_CASE("a malformed line is an error naming the file, the line and what is wr
                        std::invalid_argument);
 }
 
+TEST_CASE("dotted field names are paths into verl's preprocessed lines; a key with dots is still a key") {
+  dapo::test::ScratchDir scratch;
+  // The layout of verl's examples/data_preprocess/gsm8k.py, as JSON lines.
+  const std::string verl_line =
+      R"({"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "How many are left?"}],)"
+      R"( "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": {"index": 0}})";
+  const qwen::DataFields verl{"prompt.0.content", "reward_model.ground_truth", qwen::AnswerFormat::kNumber};
+  const auto problems = qwen::load_problems(write_lines(scratch, "verl.jsonl", {verl_line}), verl).problems;
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].question == "How many are left?");
+  CHECK(problems[0].reference == "72");
+
+  const auto dotted_key = write_lines(scratch, "dotted.jsonl", {R"({"q.text": "How many?", "answer": "#### 2"})"});
+  CHECK(qwen::load_problems(dotted_key, {"q.text", "answer"}).problems.at(0).question == "How many?");
+
+  auto error_for = [&](const std::string& question_field) {
+    try {
+      qwen::load_problems(write_lines(scratch, "bad.jsonl", {verl_line}), {question_field, verl.answer, verl.format});
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_MESSAGE(error_for("prompt.1.content")
+                        .find("no field \"prompt.1.content\": \"prompt\" is a list of 1 and \"1\" "
+                              "is not an index in it") != std::string::npos,
+                error_for("prompt.1.content"));
+  CHECK(error_for("prompt.0.text").find("no field \"prompt.0.text\" (\"prompt.0\" has \"content\", \"role\")") !=
+        std::string::npos);
+  CHECK(error_for("data_source.name").find("\"data_source\" is \"openai/gsm8k\", not an object or a list") !=
+        std::string::npos);
+  CHECK(error_for("prompt.0").find("field \"prompt.0\" is {") != std::string::npos);  // an object, not a string
+}
+
 TEST_CASE("BadLines::kSkip passes over malformed lines and counts them") {
   dapo::test::ScratchDir scratch;
   const auto path =

@@ -99,18 +99,20 @@ void check_two_ranks_match_one_process(const std::string& dtype, double toleranc
   REQUIRE(metrics_single.size() == 3);
   REQUIRE(metrics_ranks.size() == 3);
   for (std::size_t step = 0; step < 3; ++step) {
-    for (const char* key : {"reward_mean", "accuracy", "kept_groups", "filtered_groups", "gen_rounds"}) {
+    for (const char* key : {"sampled/score/mean", "sampled/accuracy", "dapo/kept_groups", "dapo/filtered_groups",
+                            "train/num_gen_batches", "critic/score/mean", "response_length/mean"}) {
       CHECK(metrics_single[step].at(key) == metrics_ranks[step].at(key));
     }
-    for (const char* key : {"loss", "clip_fraction", "approx_kl", "entropy", "grad_norm"}) {
+    for (const char* key : {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm"}) {
       CHECK(metrics_ranks[step].at(key).get<double>() ==
             doctest::Approx(metrics_single[step].at(key).get<double>()).epsilon(tolerance * 10));
     }
   }
-  CHECK(metrics_ranks[0].at("filtered_groups").get<int64_t>() + metrics_ranks[1].at("filtered_groups").get<int64_t>() +
-            metrics_ranks[2].at("filtered_groups").get<int64_t>() >
-        0);                                                         // the fixed rollouts exercise dynamic sampling
-  CHECK(metrics_ranks[2].at("clip_fraction").get<double>() > 0.0);  // and the off-policy updates clip
+  CHECK(metrics_ranks[0].at("dapo/filtered_groups").get<int64_t>() +
+            metrics_ranks[1].at("dapo/filtered_groups").get<int64_t>() +
+            metrics_ranks[2].at("dapo/filtered_groups").get<int64_t>() >
+        0);                                                             // the fixed rollouts exercise dynamic sampling
+  CHECK(metrics_ranks[2].at("actor/pg_clipfrac").get<double>() > 0.0);  // and the off-policy updates clip
 }
 
 }  // namespace

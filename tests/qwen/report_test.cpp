@@ -78,30 +78,30 @@ std::vector<json> synthetic_metrics(int steps) {
   for (int step = 1; step <= steps; ++step) {
     const double t = static_cast<double>(step) / steps;
     rows.push_back({{"step", step},
-                    {"reward_mean", -0.5 + 1.2 * t},
-                    {"reward_std", 0.4},
-                    {"reward_correctness", 0.2 + 0.6 * t},
-                    {"reward_digit", 0.1},
-                    {"reward_format", 0.5 + 0.3 * t},
-                    {"reward_mark", 0.05},
-                    {"reward_overlong", -0.2 * (1 - t)},
-                    {"accuracy", 0.3 + 0.4 * t},
-                    {"response_length_mean", 180.0 - 40 * t},
-                    {"response_length_max", 512},
-                    {"truncated_fraction", 0.1 * (1 - t)},
-                    {"entropy", 0.9 - 0.3 * t},
-                    {"clip_fraction", 0.02 + 0.01 * std::sin(step)},
-                    {"dual_clip_fraction", 0.001},
-                    {"approx_kl", 1e-4 * (1 + t)},
-                    {"grad_norm", 1.3},
-                    {"gen_rounds", 2},
-                    {"kept_groups", 16},
-                    {"filtered_groups", 4},
-                    {"rollout_tokens_per_second", 5400.0},
-                    {"update_tokens_per_second", 12000.0},
-                    {"step_seconds", 10.4},
-                    {"lr", 1e-6},
-                    {"loss", 0.01}});
+                    {"sampled/score/mean", -0.5 + 1.2 * t},
+                    {"sampled/score/std", 0.4},
+                    {"reward/correctness", 0.2 + 0.6 * t},
+                    {"reward/digit", 0.1},
+                    {"reward/format", 0.5 + 0.3 * t},
+                    {"reward/mark", 0.05},
+                    {"reward/overlong", -0.2 * (1 - t)},
+                    {"sampled/accuracy", 0.3 + 0.4 * t},
+                    {"sampled/response_length/mean", 180.0 - 40 * t},
+                    {"sampled/response_length/max", 512},
+                    {"sampled/truncated_fraction", 0.1 * (1 - t)},
+                    {"actor/entropy", 0.9 - 0.3 * t},
+                    {"actor/pg_clipfrac", 0.02 + 0.01 * std::sin(step)},
+                    {"actor/pg_clipfrac_lower", 0.001},
+                    {"actor/ppo_kl", 1e-4 * (1 + t)},
+                    {"actor/grad_norm", 1.3},
+                    {"train/num_gen_batches", 2},
+                    {"dapo/kept_groups", 16},
+                    {"dapo/filtered_groups", 4},
+                    {"perf/rollout_tokens_per_second", 5400.0},
+                    {"perf/update_tokens_per_second", 12000.0},
+                    {"timing_s/step", 10.4},
+                    {"actor/lr", 1e-6},
+                    {"actor/pg_loss", 0.01}});
   }
   return rows;
 }
@@ -212,19 +212,20 @@ TEST_CASE("render_svg: no series, empty series, one point, constant values, extr
 
 TEST_CASE("training_charts: series per field, missing and non-finite values skipped, pass@k named by k") {
   std::vector<json> metrics = synthetic_metrics(5);
-  metrics[1].erase("entropy");
-  metrics[2]["entropy"] = kNaN;
-  metrics[3]["entropy"] = "high";      // not a number: skipped
-  metrics[4].erase("step");            // falls back to its index
-  metrics[0]["reward_length"] = 0.25;  // an extra reward function appears after the known ones
+  metrics[1].erase("actor/entropy");
+  metrics[2]["actor/entropy"] = kNaN;
+  metrics[3]["actor/entropy"] = "high";  // not a number: skipped
+  metrics[4].erase("step");              // falls back to its index
+  metrics[0]["reward/length"] = 0.25;    // an extra reward function appears after the known ones
   const std::vector<json> evals = {{{"step", 0}, {"accuracy", 0.2}, {"pass_at_k", 0.5}, {"k", 8}},
                                    {{"step", 5}, {"accuracy", 0.4}, {"pass_at_k", 0.7}, {"k", 8}}};
   const auto charts = qwen::training_charts(metrics, evals);
 
   std::vector<std::string> titles;
   for (const auto& chart : charts) titles.push_back(chart.title);
-  CHECK(titles ==
-        std::vector<std::string>{"Reward", "Accuracy", "Response length", "Entropy", "Clip fractions", "Approx KL"});
+  CHECK(titles == std::vector<std::string>{"Reward", "Accuracy", "Response length", "Entropy", "Clip fractions",
+                                           "Approx KL", "Learning rate", "Gradient norm", "Generation rounds",
+                                           "Groups"});
 
   const auto* reward = find_chart(charts, "Reward");
   REQUIRE(reward != nullptr);
@@ -249,11 +250,16 @@ TEST_CASE("training_charts: series per field, missing and non-finite values skip
   const auto* clipping = find_chart(charts, "Clip fractions");
   REQUIRE(clipping != nullptr);
   CHECK(series_names(*clipping) == std::vector<std::string>{"clipped", "dual-clipped"});
+  const auto* groups = find_chart(charts, "Groups");
+  REQUIRE(groups != nullptr);
+  CHECK(series_names(*groups) == std::vector<std::string>{"kept", "filtered (all agree)"});
+  CHECK(groups->series[1].points.front() == std::pair<double, double>{1, 4});
+  CHECK(find_chart(charts, "Learning rate")->series.at(0).points.size() == 5);
 
   // Different k per row: the name cannot say one k. No metrics at all: every chart still there, without series.
   const auto mixed = qwen::training_charts(
       {}, {{{"step", 1}, {"pass_at_k", 0.5}, {"k", 4}}, {{"step", 2}, {"pass_at_k", 0.6}, {"k", 8}}});
-  CHECK(mixed.size() == 6);
+  CHECK(mixed.size() == 10);
   CHECK(series_names(*find_chart(mixed, "Accuracy")) == std::vector<std::string>{"eval pass@k"});
   CHECK(find_chart(mixed, "Reward")->series.empty());
 }
@@ -297,7 +303,8 @@ TEST_CASE("write_report: report.html and plots/*.svg for a 30-step run; all rend
   std::vector<std::string> names;
   for (const auto& plot : plots) names.push_back(plot.filename().string());
   CHECK(names == std::vector<std::string>{"accuracy.svg", "approx-kl.svg", "clip-fractions.svg", "entropy.svg",
-                                          "response-length.svg", "reward.svg"});
+                                          "generation-rounds.svg", "gradient-norm.svg", "groups.svg",
+                                          "learning-rate.svg", "response-length.svg", "reward.svg"});
   CHECK(count(html, "<svg ") == plots.size());  // each inline too
   for (const auto& plot : plots) {
     const std::string svg = read_file(plot);
@@ -321,7 +328,7 @@ TEST_CASE("write_comparison: one series per run, named by algorithm and seed, re
   auto write = [](const fs::path& path, const std::string& text) { std::ofstream(path) << text; };
   write(dapo_run / "summary.json", R"({"algorithm": "dapo", "seed": 1})");
   write(dapo_run / "eval.jsonl", "{\"step\": 0, \"accuracy\": 0.6}\n{\"step\": 5, \"accuracy\": 0.8}\n");
-  write(dapo_run / "metrics.jsonl", "{\"step\": 1, \"accuracy\": 0.4}\n");
+  write(dapo_run / "metrics.jsonl", "{\"step\": 1, \"sampled/accuracy\": 0.4}\n");
   write(grpo_run / "summary.json", R"({"algorithm": "grpo", "seed": 1})");
   write(grpo_run / "eval.jsonl", "{\"step\": 0, \"accuracy\": 0.6}\n{\"step\": 5, \"accuracy\": 0.7}\n");
   write(bare / "eval.jsonl", "{\"step\": 0, \"accuracy\": 0.1}\n");
@@ -358,7 +365,8 @@ TEST_CASE("write_report: empty run, a single step, constant values; an unwritabl
   for (const auto& entry : fs::directory_iterator(dir.path() / "single" / "plots")) check_renders(entry.path());
 
   std::vector<json> constant;
-  for (int step = 0; step < 10; ++step) constant.push_back({{"step", step}, {"reward_mean", 1.0}, {"entropy", 0.0}});
+  for (int step = 0; step < 10; ++step)
+    constant.push_back({{"step", step}, {"sampled/score/mean", 1.0}, {"actor/entropy", 0.0}});
   qwen::write_report(dir.path() / "constant", constant, {}, {{"values", json::array({1, 2})}});
   for (const auto& entry : fs::directory_iterator(dir.path() / "constant" / "plots")) check_renders(entry.path());
 

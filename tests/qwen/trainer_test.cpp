@@ -23,8 +23,9 @@
 namespace {
 
 // Timing fields differ between runs; everything else must repeat exactly.
+// The clock's metrics (timing_s/*, perf/* but the token count): they differ between two runs of the same step.
 bool timing_field(const std::string& key) {
-  return key.ends_with("seconds") || key.ends_with("per_second");
+  return key.starts_with("timing_s/") || (key.starts_with("perf/") && key != "perf/total_num_tokens");
 }
 
 }  // namespace
@@ -58,7 +59,7 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
   const auto test = qwen::load_problems(*shared / "data/gsm8k/test.jsonl").problems;
   const auto tokenizer = qwen::Tokenizer::from_directory(model_dir);
   auto options = dapo::test::small_train_options(scratch.path() / "run");
-  options.tokenizer_dir = model_dir;
+  options.model_dir = model_dir;
 
   qwen::Trainer first(qwen::load_model(model_dir), tokenizer, train, test, options);
   first.run();
@@ -67,6 +68,20 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
   CHECK(qwen::read_json_lines(out / "eval.jsonl").size() == 2);  // at the start and at the end
   CHECK(std::filesystem::exists(out / "report.html"));
   CHECK(std::filesystem::exists(out / "plots" / "reward.svg"));
+  // rollouts/: the first log_rollouts trained groups of each step, a line per response, with its advantage.
+  for (const char* step_file : {"step-000001.jsonl", "step-000002.jsonl"}) {
+    const auto rows = qwen::read_json_lines(out / "rollouts" / step_file);
+    REQUIRE(rows.size() == static_cast<std::size_t>(options.log_rollouts * options.rollout_n));
+    double advantage_sum = 0;
+    for (const auto& row : rows) {
+      for (const char* key : {"question", "reference", "prompt", "response", "score", "rewards", "advantage"}) {
+        CHECK_MESSAGE(row.contains(key), key);
+      }
+      CHECK(row.at("prompt").get<std::string>().find(row.at("question").get<std::string>()) != std::string::npos);
+      advantage_sum += row.at("advantage").get<double>();
+    }
+    CHECK(advantage_sum == doctest::Approx(0.0).epsilon(1e-5));  // whole groups: their advantages have mean 0
+  }
   const auto checkpoint = out / "checkpoints" / "step-000002";
   for (const char* file :
        {"config.json", "model.safetensors", "optimizer.pt", "trainer_state.json", "tokenizer.json"}) {
@@ -74,11 +89,43 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
   }
   CHECK(qwen::find_checkpoint(out / "checkpoints") == checkpoint);
   const auto metrics = first.metrics();
-  for (const char* key : {"reward_mean", "accuracy", "entropy", "clip_fraction", "dual_clip_fraction", "approx_kl",
-                          "grad_norm", "gen_rounds", "kept_groups", "rollout_tokens_per_second",
-                          "update_tokens_per_second", "truncated_fraction", "response_length_max"}) {
-    CHECK(metrics.back().contains(key));
+  // verl's names (docs/driver.md's table), and ours under their own prefixes.
+  for (const char* key : {"actor/pg_clipfrac",
+                          "actor/pg_clipfrac_lower",
+                          "actor/ppo_kl",
+                          "actor/entropy",
+                          "actor/pg_loss",
+                          "actor/grad_norm",
+                          "actor/lr",
+                          "critic/score/mean",
+                          "critic/score/max",
+                          "critic/score/min",
+                          "critic/advantages/mean",
+                          "critic/advantages/max",
+                          "critic/advantages/min",
+                          "response_length/mean",
+                          "response_length/max",
+                          "response_length/min",
+                          "response_length/clip_ratio",
+                          "prompt_length/mean",
+                          "timing_s/gen",
+                          "timing_s/update_actor",
+                          "timing_s/step",
+                          "perf/throughput",
+                          "train/num_gen_batches",
+                          "dapo/kept_groups",
+                          "dapo/filtered_groups",
+                          "sampled/score/mean",
+                          "sampled/accuracy",
+                          "reward/correctness",
+                          "reward/overlong",
+                          "perf/rollout_tokens_per_second",
+                          "perf/update_tokens_per_second"}) {
+    CHECK_MESSAGE(metrics.back().contains(key), key);
   }
+  // Group advantages of the trained batch have mean 0 per group, so over the batch's tokens they straddle 0.
+  CHECK(metrics.back().at("critic/advantages/min").get<double>() <= 0.0);
+  CHECK(metrics.back().at("critic/advantages/max").get<double>() >= 0.0);
 
   // The checkpoint reloads with identical logits.
   {
@@ -145,13 +192,13 @@ TEST_CASE("the clip acts only off-policy, and dynamic sampling drops groups whos
   double off_policy_clip = 0;
   int64_t filtered = 0;
   for (const auto& row : rows) {
-    const auto clips = row.at("clip_fraction_by_minibatch").get<std::vector<double>>();
+    const auto clips = row.at("actor/pg_clipfrac_by_update").get<std::vector<double>>();
     REQUIRE(clips.size() == 4);
     CAPTURE(row.dump());
     CHECK(clips[0] == 0.0);  // the first update is on-policy: the ratio is exactly 1
     off_policy_clip = std::max({off_policy_clip, clips[1], clips[2], clips[3]});
-    CHECK(row.at("kept_groups") == 8);
-    filtered += row.at("filtered_groups").get<int64_t>();
+    CHECK(row.at("dapo/kept_groups") == 8);
+    filtered += row.at("dapo/filtered_groups").get<int64_t>();
   }
   CHECK(off_policy_clip > 0.0);  // the later updates of a step are off-policy, and there the clip acts
   CHECK(filtered > 0);           // all-right or all-wrong groups were drawn and dropped
@@ -196,12 +243,13 @@ TEST_CASE("autocast (mixed precision): bfloat16 forward passes over float32 weig
     return row;
   };
   const nlohmann::json mixed = run(torch::kBFloat16), full = run(std::nullopt);
-  CHECK(std::isfinite(mixed.at("loss").get<double>()));
+  CHECK(std::isfinite(mixed.at("actor/pg_loss").get<double>()));
   // The same rollouts are not guaranteed (sampling sees bfloat16 logits), so compare what does not depend on them
   // much: the entropy of a random model's next-token distribution over 259 tokens is near log(259) either way.
-  CHECK(mixed.at("entropy").get<double>() == doctest::Approx(full.at("entropy").get<double>()).epsilon(0.02));
-  CHECK(mixed.at("entropy").get<double>() != full.at("entropy").get<double>());  // bfloat16 did run
-  CHECK_FALSE(qwen::active_autocast_dtype(torch::kCPU).has_value());             // the guard restored the state
+  CHECK(mixed.at("actor/entropy").get<double>() ==
+        doctest::Approx(full.at("actor/entropy").get<double>()).epsilon(0.02));
+  CHECK(mixed.at("actor/entropy").get<double>() != full.at("actor/entropy").get<double>());  // bfloat16 did run
+  CHECK_FALSE(qwen::active_autocast_dtype(torch::kCPU).has_value());  // the guard restored the state
 }
 
 TEST_CASE("rollout: ids of the model's padded vocabulary (beyond the tokenizer's) decode to nothing, as in HF") {

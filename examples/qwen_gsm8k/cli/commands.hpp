@@ -3,6 +3,8 @@
 //   train     a Hugging Face Qwen2.5 model on GSM8K JSON lines
 //   compare   charts of several runs side by side
 //   tokenize  JSON lines in, token ids out
+// Parsing `demo` or `train` also checks the settings together (CLI::ValidationError naming the flag), so a bad
+// command line fails before any rank starts or any file is read.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -20,22 +22,32 @@ namespace qwen::cli {
 struct DemoCommand {
   DemoOptions options;
   std::string output = "demo-output", algorithm = "dapo";
+  bool overwrite = false, print_config = false;
   LaunchSettings launch;
   CLI::App* app = nullptr;
 };
 void add_demo_command(CLI::App& app, DemoCommand& command);
+// Refuses an --output that holds a run unless --overwrite (then removes the old run's files).
+void prepare_demo_output(const DemoCommand& command);
 int run_demo_command(const DemoCommand& command, const DistributedConfig& distributed);
 
 struct TrainCommand {
-  TrainOptions options;
+  TrainOptions options;  // --algo grpo's preset already applied to the settings not given (see add_train_command)
   std::string model_dir, train_file, test_file, output = "train-output", device = "cpu", dtype = "float32";
-  std::string autocast = "off", resume, aggregation, algorithm = "dapo", answer_format = "gsm8k";
+  std::string autocast = "off", resume, algorithm = "dapo", answer_format = "gsm8k";
+  std::string chat_template = "check";  // check: the model's template must be the one built in; builtin: use ours
   DataFields fields;
-  bool skip_bad_lines = false, lenient_answers = false;
+  bool skip_bad_lines = false, lenient_answers = false, allow_bf16_weights = false;
+  bool overwrite = false, print_config = false;
   LaunchSettings launch;
   CLI::App* app = nullptr;
 };
 void add_train_command(CLI::App& app, TrainCommand& command);
+// The trainer's settings the command implies: TrainOptions plus the flags kept outside it (--lenient-answers,
+// --autocast, --output, --model for the tokenizer).
+TrainOptions resolved_options(const TrainCommand& command);
+// Refuses an --output that holds a run unless --resume or --overwrite (then removes the old run's files).
+void prepare_train_output(const TrainCommand& command);
 int run_train_command(TrainCommand command, const DistributedConfig& distributed);
 
 struct CompareCommand {

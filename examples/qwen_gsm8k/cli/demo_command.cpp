@@ -28,36 +28,74 @@ torch::Device parse_demo_device(const std::string& text) {
   return *device;
 }
 
+// The demo's settings together, as run_demo will use them: what one flag's validator cannot see.
+void check_demo_command(const DemoCommand& command) {
+  DemoOptions demo = command.options;
+  demo.algorithm = command.algorithm == "grpo" ? Algorithm::kGrpo : Algorithm::kDapo;
+  if (demo.sft_min_steps > demo.sft_steps) {
+    throw CLI::ValidationError("--sft-min-steps", std::to_string(demo.sft_min_steps) + " is more than --sft-steps " +
+                                                      std::to_string(demo.sft_steps));
+  }
+  if (demo.eval_problems < 1) {
+    throw CLI::ValidationError("--eval-problems", "0: the demo needs held-out problems (its result is their accuracy)");
+  }
+  try {
+    demo_train_options(demo).validate();
+  } catch (const std::invalid_argument& error) {
+    throw settings_error(*command.app, error.what());
+  }
+}
+
 }  // namespace
 
 void add_demo_command(CLI::App& app, DemoCommand& command) {
   DemoOptions& demo = command.options;
   CLI::App* sub = app.add_subcommand("demo", "The built-in run: tiny model, byte tokenizer, generated problems");
-  sub->add_option("--output", command.output, "Output directory (summary.json, metrics, report.html)");
-  sub->add_option("--algo", command.algorithm, "dapo or grpo (the baseline)")->check(CLI::IsMember({"dapo", "grpo"}));
+  sub->option_defaults()->always_capture_default();
+  add_config_options(*sub, command.print_config);  // first: see add_config_options
+  add_setting(*sub, "--output", command.output, "Output directory (summary.json, metrics, report.html)");
+  add_switch(*sub, "--overwrite", command.overwrite,
+             "Replace the run already in --output (its metrics, evaluations, checkpoints, report); scripts/demo.sh "
+             "passes it")
+      ->configurable(false);
+  // The GRPO preset (clip, aggregation, dynamic sampling, overlong shaping) touches no setting the demo has a flag
+  // for; run_demo applies it (demo_train_options).
+  add_setting(*sub, "--algo", command.algorithm,
+              "dapo, or grpo (the baseline: clip 0.2/0.2, seq-mean-token-mean, no dynamic sampling, no shaping)")
+      ->check(CLI::IsMember({"dapo", "grpo"}));
   sub->add_option_function<std::string>(
          "--device", [&demo](const std::string& text) { demo.device = parse_demo_device(text); },
          "cpu or cuda[:N]; with --nproc, cuda means cuda:LOCAL_RANK (one GPU per rank)")
-      ->default_str("cpu");
-  sub->add_option("--sft-steps", demo.sft_steps, "Most warm-start updates");
-  sub->add_option("--sft-min-steps", demo.sft_min_steps, "Fewest warm-start updates");
-  sub->add_option("--sft-target", demo.sft_target_accuracy,
-                  "Warm-start until this greedy accuracy on training problems");
-  sub->add_option("--sft-lr", demo.sft_lr, "Warm-start learning rate");
-  sub->add_option("--rl-steps", demo.rl_steps, "DAPO / GRPO steps");
-  sub->add_option("--rl-lr", demo.rl_lr, "DAPO / GRPO learning rate");
-  sub->add_option("--rl-groups", demo.rl_groups, "Prompts per step (train_batch_size)");
-  sub->add_option("--rl-mini-groups", demo.rl_mini_groups, "Prompts per update (ppo_mini_batch_size)");
-  add_run_options(*sub, {.seed = &demo.seed,
+      ->default_function([&demo] { return demo.device.str(); })
+      ->capture_default_str();
+  add_setting(*sub, "--sft-steps", demo.sft_steps, "Most warm-start updates")->check(non_negative());
+  add_setting(*sub, "--sft-min-steps", demo.sft_min_steps, "Fewest warm-start updates")->check(non_negative());
+  add_setting(*sub, "--sft-target", demo.sft_target_accuracy,
+              "Warm-start until this greedy accuracy on training problems")
+      ->check(in_range(0, 1));
+  add_setting(*sub, "--sft-lr", demo.sft_lr, "Warm-start learning rate")->check(positive());
+  add_run_options(*sub, {.total_steps = &demo.rl_steps,
+                         .train_batch_size = &demo.rl_groups,
+                         .ppo_mini_batch_size = &demo.rl_mini_groups,
+                         .lr = &demo.rl_lr,
+                         .seed = &demo.seed,
                          .rollout_n = &demo.rollout_n,
                          .ppo_epochs = &demo.ppo_epochs,
                          .cosine_schedule = &demo.cosine_schedule,
                          .eval_every = &demo.eval_every,
                          .eval_problems = &demo.eval_problems,
+                         .loggers = &demo.loggers,
+                         .log_rollouts = &demo.log_rollouts,
                          .quiet = &demo.quiet});
   add_launch_options(*sub, command.launch,
                      "Start this many data-parallel ranks on this machine (Gloo on CPU, NCCL with --device cuda)");
+  sub->callback([&command] { check_demo_command(command); });
   command.app = sub;
+}
+
+void prepare_demo_output(const DemoCommand& command) {
+  prepare_output_dir(command.output, command.overwrite ? OutputReuse::kOverwrite : OutputReuse::kRefuse,
+                     "pass --overwrite to replace it (scripts/demo.sh does), or choose another --output");
 }
 
 int run_demo_command(const DemoCommand& command, const DistributedConfig& distributed) {

@@ -6,74 +6,127 @@
 
 #include "qwen_gsm8k/cli/commands.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/text/chat_template.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 
 namespace qwen::cli {
 namespace {
 
 void add_io_options(CLI::App& sub, TrainCommand& c) {
-  sub.add_option("--model", c.model_dir, "Model directory: config.json, safetensors, tokenizer.json")
+  add_setting(sub, "--model", c.model_dir, "Model directory: config.json, safetensors, tokenizer.json")
       ->required()
       ->check(CLI::ExistingDirectory);
-  sub.add_option("--train", c.train_file, "Training JSON lines")->required()->check(CLI::ExistingFile);
-  sub.add_option("--test", c.test_file, "Evaluation JSON lines")->check(CLI::ExistingFile);
-  sub.add_option("--output", c.output, "Output directory");
-  sub.add_option("--device", c.device, "cpu or cuda[:N]");
-  sub.add_option("--dtype", c.dtype, "Weights: float32 or bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
-  sub.add_option("--autocast", c.autocast,
-                 "Mixed precision: forward passes in bfloat16 or float16 over float32 weights and optimizer state "
-                 "(torch.autocast), or off")
+  add_setting(sub, "--train", c.train_file, "Training JSON lines")->required()->check(CLI::ExistingFile);
+  add_setting(sub, "--test", c.test_file, "Evaluation JSON lines")->check(CLI::ExistingFile);
+  add_setting(sub, "--output", c.output, "Output directory (verl trainer.default_local_dir, TRL output_dir)");
+  add_setting(sub, "--device", c.device, "cpu or cuda[:N]");
+  add_setting(sub, "--dtype", c.dtype,
+              "Weights: float32, or bfloat16 (training them needs --allow-bf16-weights: AdamW's small updates are "
+              "lost in bfloat16; --autocast bfloat16 keeps float32 weights)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  add_switch(sub, "--allow-bf16-weights", c.allow_bf16_weights,
+             "Train with --dtype bfloat16 weights anyway (most updates of lr 1e-6 round away)");
+  add_setting(sub, "--autocast", c.autocast,
+              "Mixed precision: forward passes in bfloat16 or float16 over float32 weights and optimizer state "
+              "(torch.autocast; TRL bf16), or off")
       ->check(CLI::IsMember({"off", "bfloat16", "float16"}));
-  sub.add_option("--resume", c.resume, "Continue from a checkpoint (a checkpoint directory, or the checkpoints root)");
+  CLI::Option* resume =
+      add_setting(sub, "--resume", c.resume,
+                  "Continue from a checkpoint (a checkpoint directory, or the checkpoints root); the run goes on "
+                  "in --output (TRL resume_from_checkpoint, verl trainer.resume_mode)");
+  add_switch(sub, "--overwrite", c.overwrite,
+             "Replace the run already in --output (its metrics, evaluations, checkpoints, report; TRL "
+             "overwrite_output_dir)")
+      ->configurable(false)
+      ->excludes(resume);
 }
 
 void add_data_options(CLI::App& sub, TrainCommand& c) {
-  sub.add_option("--system-prompt", c.options.system_prompt, "System prompt (default: the seed's)");
-  sub.add_option("--question-field", c.fields.question, "JSON field of the question");
-  sub.add_option("--answer-field", c.fields.answer, "JSON field of the answer");
-  sub.add_option("--answer-format", c.answer_format, "gsm8k (\"... #### N\") or number")
+  // The seed's prompt has newlines: --help names it instead (--print-config still writes the value, or says why not).
+  add_setting(sub, "--system-prompt", c.options.system_prompt, "System prompt")->default_str("the seed project's");
+  add_setting(sub, "--question-field", c.fields.question, "JSON field of the question");
+  add_setting(sub, "--answer-field", c.fields.answer, "JSON field of the answer");
+  add_setting(sub, "--answer-format", c.answer_format, "gsm8k (\"... #### N\") or number")
       ->check(CLI::IsMember({"gsm8k", "number"}));
-  sub.add_flag("--skip-bad-lines", c.skip_bad_lines, "Skip (and count) malformed data lines instead of stopping");
-  sub.add_flag("--lenient-answers", c.lenient_answers,
-               "Read answers leniently (-7, 1,080); default: the seed's parser");
+  add_setting(sub, "--chat-template", c.chat_template,
+              "check: refuse a model whose tokenizer_config.json chat template differs from the built-in Qwen2.5 "
+              "one; builtin: use the built-in one regardless")
+      ->check(CLI::IsMember({"check", "builtin"}));
+  add_switch(sub, "--skip-bad-lines", c.skip_bad_lines, "Skip (and count) malformed data lines instead of stopping");
+  add_switch(sub, "--lenient-answers", c.lenient_answers,
+             "Read answers leniently (-7, 1,080); default: the seed's parser");
 }
 
-// The settings that come from flags other than TrainOptions' own fields.
-TrainOptions resolved_options(const TrainCommand& c) {
-  TrainOptions options = c.options;
-  if (c.algorithm == "grpo") options.use_grpo_baseline();
-  if (!c.aggregation.empty() && c.algorithm != "grpo") {
-    options.loss.aggregation = dapo::aggregation_from_name(c.aggregation);
+// The settings together, as the trainer will see them: what one flag's validator cannot see.
+void check_train_command(const TrainCommand& c) {
+  const TrainOptions options = resolved_options(c);
+  if (c.dtype == "bfloat16" && !c.allow_bf16_weights && options.total_steps > 0) {
+    throw CLI::ValidationError(
+        "--dtype", "bfloat16 weights lose the updates: an AdamW step of lr " + exact_number_text(options.lr) +
+                       " is below bfloat16's resolution for most weights. Use --autocast bfloat16 (float32 weights, "
+                       "bfloat16 forward passes), or pass --allow-bf16-weights to train bfloat16 weights anyway");
   }
-  if (c.lenient_answers) options.rewards.answer_mode = dapo::gsm8k::AnswerMode::kLenient;
-  if (c.autocast != "off") options.autocast = c.autocast == "bfloat16" ? torch::kBFloat16 : torch::kHalf;
-  options.output_dir = c.output;
-  options.tokenizer_dir = c.model_dir;
-  return options;
+  try {
+    options.validate();
+  } catch (const std::invalid_argument& error) {
+    throw settings_error(*c.app, error.what());
+  }
 }
 
 }  // namespace
 
+TrainOptions resolved_options(const TrainCommand& c) {
+  TrainOptions options = c.options;
+  if (c.lenient_answers) options.rewards.answer_mode = dapo::gsm8k::AnswerMode::kLenient;
+  if (c.autocast != "off") options.autocast = c.autocast == "bfloat16" ? torch::kBFloat16 : torch::kHalf;
+  options.output_dir = c.output;
+  options.model_dir = c.model_dir;
+  return options;
+}
+
 void add_train_command(CLI::App& app, TrainCommand& command) {
   CLI::App* sub = app.add_subcommand("train", "DAPO on GSM8K JSON lines with a Hugging Face Qwen2.5 model");
-  add_io_options(*sub, command);
-  sub->add_option("--algo", command.algorithm,
-                  "dapo, or grpo (the baseline: clip 0.2/0.2, seq-mean-token-mean, no dynamic sampling, no shaping)")
-      ->check(CLI::IsMember({"dapo", "grpo"}));
-  add_data_options(*sub, command);
+  sub->option_defaults()->always_capture_default();
+  add_config_options(*sub, command.print_config);  // first: see add_config_options
   TrainOptions& o = command.options;
-  add_run_options(*sub, {.seed = &o.seed,
+  // --algo grpo sets the baseline's defaults: CLI11 processes options in registration order, so the preset lands before
+  // the options registered after it, and a setting given on the command line or in --config then overrides it.
+  add_setting(*sub, "--algo", command.algorithm,
+              "dapo, or grpo: the baseline's defaults (clip 0.2/0.2, seq-mean-token-mean, no dynamic sampling, no "
+              "overlong shaping) for the settings not given")
+      ->check(CLI::IsMember({"dapo", "grpo"}))
+      ->each([&o](const std::string& name) {
+        if (name == "grpo") o.use_grpo_baseline();
+      });
+  add_io_options(*sub, command);
+  add_data_options(*sub, command);
+  add_run_options(*sub, {.total_steps = &o.total_steps,
+                         .train_batch_size = &o.train_batch_size,
+                         .ppo_mini_batch_size = &o.ppo_mini_batch_size,
+                         .lr = &o.lr,
+                         .seed = &o.seed,
                          .rollout_n = &o.rollout_n,
                          .ppo_epochs = &o.ppo_epochs,
                          .cosine_schedule = &o.cosine_schedule,
                          .eval_every = &o.eval_every,
                          .eval_problems = &o.eval_problems,
+                         .loggers = &o.loggers,
+                         .log_rollouts = &o.log_rollouts,
                          .quiet = &o.quiet});
-  add_train_options(*sub, o, command.aggregation);
+  add_train_options(*sub, o);
   add_launch_options(*sub, command.launch,
                      "Start this many data-parallel ranks on this machine (or use torchrun-style RANK, WORLD_SIZE, "
                      "LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
+  sub->callback([&command] { check_train_command(command); });
   command.app = sub;
+}
+
+void prepare_train_output(const TrainCommand& command) {
+  const OutputReuse reuse = !command.resume.empty() ? OutputReuse::kResume
+                            : command.overwrite     ? OutputReuse::kOverwrite
+                                                    : OutputReuse::kRefuse;
+  prepare_output_dir(command.output, reuse,
+                     "pass --resume DIR to continue it, --overwrite to replace it, or choose another --output");
 }
 
 int run_train_command(TrainCommand command, const DistributedConfig& distributed) {
@@ -89,6 +142,9 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
   if (device.is_cuda() && device.has_index()) c10::impl::getDeviceGuardImpl(device.type())->setDevice(device);
   const auto communicator = Communicator::create(distributed, device);
   const auto dtype = command.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+  // Before anything slow: a model whose chat template is not the built-in ChatML renderer's would train on prompts
+  // in a format it never saw.
+  if (command.chat_template == "check") check_chat_template(command.model_dir);
   const auto bad = command.skip_bad_lines ? BadLines::kSkip : BadLines::kError;
   auto train = load_problems(command.train_file, command.fields, bad);
   std::vector<Problem> test;
@@ -97,7 +153,11 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
     std::printf("data: %zu training problems (%lld lines skipped), %zu test problems\n", train.problems.size(),
                 static_cast<long long>(train.skipped_lines), test.size());
   }
-  auto model = load_model(command.model_dir, dtype, device);
+  LoadOptions load;
+  if (communicator->is_root() && !options.quiet) {
+    load.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
+  }
+  auto model = load_model(command.model_dir, dtype, device, load);
   auto tokenizer = Tokenizer::from_directory(command.model_dir);
   Trainer trainer(model, tokenizer, train.problems, test, options, communicator);
   if (!command.resume.empty()) {

@@ -91,14 +91,41 @@ std::string normalised_json_number(const nlohmann::json& value) {
   return number == "-0" ? "0" : number;
 }
 
+std::string field_names(const nlohmann::json& object) {
+  std::string present;
+  for (const auto& [key, value] : object.items()) present += (present.empty() ? "\"" : ", \"") + key + "\"";
+  return present.empty() ? "no fields" : present;
+}
+
+// object[name], where a name with dots that is not itself a key is a path: "prompt.0.content" is
+// object["prompt"][0]["content"] (verl's preprocessed GSM8K), each part an object key or a list index.
 const nlohmann::json& field(const nlohmann::json& object, const std::string& name) {
-  if (!object.contains(name)) {
-    std::string present;
-    for (const auto& [key, value] : object.items()) present += (present.empty() ? "\"" : ", \"") + key + "\"";
-    throw BadLine{"no field \"" + name + "\" (the line has " + (present.empty() ? "no fields" : present) + ")",
-                  "DataFields names the question and answer fields"};
+  if (object.contains(name)) return object.at(name);
+  const nlohmann::json* at = &object;
+  std::string walked;
+  for (std::size_t begin = 0; begin <= name.size();) {
+    const std::size_t end = std::min(name.find('.', begin), name.size());
+    const std::string part = name.substr(begin, end - begin);
+    const std::string where = walked.empty() ? "the line" : "\"" + walked + "\"";
+    if (at->is_object() && at->contains(part)) {
+      at = &at->at(part);
+    } else if (at->is_array() && !part.empty() && part.find_first_not_of("0123456789") == std::string::npos &&
+               part.size() < 10 && std::stoul(part) < at->size()) {
+      at = &(*at)[std::stoul(part)];
+    } else if (at->is_array()) {
+      throw BadLine{"no field \"" + name + "\": " + where + " is a list of " + std::to_string(at->size()) + " and \"" +
+                        part + "\" is not an index in it",
+                    "a dotted field name is a path of object keys and list indices"};
+    } else if (at->is_object()) {
+      throw BadLine{"no field \"" + name + "\" (" + where + " has " + field_names(*at) + ")",
+                    "DataFields names the question and answer fields; dots separate the parts of a path"};
+    } else {
+      throw BadLine{"no field \"" + name + "\": " + where + " is " + shown(*at) + ", not an object or a list"};
+    }
+    walked += (walked.empty() ? "" : ".") + part;
+    begin = end + 1;
   }
-  return object.at(name);
+  return *at;
 }
 
 std::string reference_of(const nlohmann::json& answer, const DataFields& fields) {

@@ -37,7 +37,9 @@ enum class AnswerFormat {
   kNumber,  // the field is the answer itself: a JSON number or a numeric string (see load_problems for the normal form)
 };
 
-// Which JSON fields hold the question and the answer, and how the answer is written.
+// Which JSON fields hold the question and the answer, and how the answer is written. A name with dots that is not
+// itself a key of the line is a path of object keys and list indices, as verl's preprocessed data needs:
+// "prompt.0.content" (the user turn) and "reward_model.ground_truth" (the number, AnswerFormat::kNumber).
 struct DataFields {
   std::string question = "question";
   std::string answer = "answer";

@@ -205,6 +205,8 @@ TrainOptions demo_train_options(const DemoOptions& options) {
   train.seed = options.seed;
   train.output_dir = options.output_dir;
   train.quiet = options.quiet;
+  train.loggers = options.loggers;
+  train.log_rollouts = options.log_rollouts;
   if (options.algorithm == Algorithm::kGrpo) train.use_grpo_baseline();
   return train;
 }

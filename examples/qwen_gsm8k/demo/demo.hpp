@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "qwen_gsm8k/dist/distributed.hpp"
 #include "qwen_gsm8k/model/config.hpp"
@@ -47,6 +49,9 @@ struct DemoOptions {
   int64_t eval_every = 5;
   int64_t eval_problems = 200;  // held-out problems
   bool quiet = false;
+  // As TrainOptions' (verl trainer.logger; groups per step in rollouts/step-NNNNNN.jsonl).
+  std::vector<std::string> loggers = {"console", "jsonl", "tensorboard"};
+  int64_t log_rollouts = 2;
 };
 
 // The tiny model: hidden 64, 3 layers, 4 query / 2 key-value heads, intermediate 192, tied embeddings, the 259-token

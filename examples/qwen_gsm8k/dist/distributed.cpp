@@ -77,6 +77,21 @@ int integer_variable(const char* name, const std::string& value) {
                               "\", expected an integer");
 }
 
+// Where this rank's Gloo connections listen. Ranks on one machine (a loopback MASTER_ADDR: --nproc, torchrun
+// --standalone on a host whose name is localhost) use 127.0.0.1. Otherwise PyTorch's own choice, so that torchrun
+// across machines works as it does for PyTorch: GLOO_SOCKET_IFNAME's (first) interface when set, else the address this
+// host's name resolves to (loopback when none can be bound). Never MASTER_ADDR itself: only rank 0's machine has it.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const DistributedConfig& config) {
+  if (const auto interfaces = environment("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(interfaces->substr(0, interfaces->find(',')));
+  }
+  const std::string& address = config.master_addr;
+  if (address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1") {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
 }  // namespace
 
 DistributedConfig DistributedConfig::from_environment() {
@@ -100,6 +115,17 @@ DistributedConfig DistributedConfig::from_environment() {
   if (config.master_port <= 0 || config.master_port > 65535) {
     throw std::invalid_argument("MASTER_PORT is " + std::to_string(config.master_port) + ", expected 1..65535");
   }
+  // torchrun writes Python's str(bool); PyTorch's env:// rendezvous tests for exactly "True", and so do we.
+  config.use_agent_store = environment("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True");
+  if (config.use_agent_store) {
+    const auto attempt = environment("TORCHELASTIC_RESTART_COUNT");
+    if (!attempt) {
+      throw std::invalid_argument(
+          "TORCHELASTIC_USE_AGENT_STORE is True but TORCHELASTIC_RESTART_COUNT is not set "
+          "(torchrun sets both; the store's key prefix needs the restart count)");
+    }
+    config.store_prefix = "/worker/attempt_" + std::to_string(integer_variable("TORCHELASTIC_RESTART_COUNT", *attempt));
+  }
   return config;
 }
 
@@ -111,10 +137,12 @@ std::shared_ptr<Communicator> Communicator::create(const DistributedConfig& conf
   if (config.world_size == 1) return communicator;
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(config.master_port);
-  options.isServer = config.rank == 0;
-  options.numWorkers = static_cast<std::size_t>(config.world_size);
-  options.waitWorkers = true;
   options.timeout = config.timeout;
+  if (!config.use_agent_store) {  // rank 0 serves, and waits until every rank has connected
+    options.isServer = config.rank == 0;
+    options.numWorkers = static_cast<std::size_t>(config.world_size);
+    options.waitWorkers = true;
+  }  // else all clients, and no count of workers in the agent's store: only our prefixed keys are ours to touch
   try {
     communicator->store_ = connect_store(config.master_addr, options);
     options.isServer = false;  // the heartbeat thread's own connection
@@ -126,6 +154,11 @@ std::shared_ptr<Communicator> Communicator::create(const DistributedConfig& conf
                              std::to_string(config.master_port) + " failed (" + error.what() + "); are all " +
                              std::to_string(config.world_size) + " ranks started with the same " +
                              "MASTER_ADDR and MASTER_PORT?");
+  }
+  if (!config.store_prefix.empty()) {
+    communicator->store_ = c10::make_intrusive<c10d::PrefixStore>(config.store_prefix, communicator->store_);
+    communicator->heartbeat_store_ =
+        c10::make_intrusive<c10d::PrefixStore>(config.store_prefix, communicator->heartbeat_store_);
   }
   communicator->heartbeat_store_->set("heartbeat/" + std::to_string(config.rank), std::vector<uint8_t>(8, 0));
   communicator->heartbeat_ = std::thread([raw = communicator.get()] { raw->heartbeat_loop(); });
@@ -141,8 +174,7 @@ std::shared_ptr<Communicator> Communicator::create(const DistributedConfig& conf
 #endif
   } else {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(config.timeout);
-    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
-        config.master_addr == "localhost" ? "127.0.0.1" : config.master_addr));
+    gloo_options->devices.push_back(gloo_device(config));
     communicator->group_ =
         c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, config.rank, config.world_size, gloo_options);
   }
@@ -163,7 +195,7 @@ void Communicator::heartbeat_loop() {
       std::memcpy(bytes.data(), &now, 8);
       heartbeat_store_->set(key, bytes);
     } catch (const std::exception&) {
-      // The store host (rank 0) is gone; the next collective reports it.
+      // The store host (rank 0 or the torchrun agent) is gone; the next collective reports it.
     }
     std::this_thread::sleep_for(kHeartbeatPeriod);
   }
@@ -184,8 +216,8 @@ std::string Communicator::lost_ranks() {
                 ("rank " + std::to_string(rank) + " (no heartbeat for " + std::to_string(silent).substr(0, 4) + " s)");
       }
     } catch (const std::exception&) {
-      return "rank 0 (the rendezvous host at " + config_.master_addr + ":" + std::to_string(config_.master_port) +
-             " is unreachable)";
+      return std::string(config_.use_agent_store ? "the torchrun agent" : "rank 0") + " (the rendezvous host at " +
+             config_.master_addr + ":" + std::to_string(config_.master_port) + " is unreachable)";
     }
   }
   return lost;
@@ -312,9 +344,11 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& arguments, std
     std::vector<std::string> environment_text;
     for (char** variable = environ; *variable != nullptr; ++variable) {
       const std::string text = *variable;
+      // A launcher's variables of its own (this one run under torchrun, say) would name another rendezvous; torchrun's
+      // TORCHELASTIC_* ones would make every rank a client of an agent store that nobody serves here.
       if (text.rfind("RANK=", 0) != 0 && text.rfind("WORLD_SIZE=", 0) != 0 && text.rfind("LOCAL_RANK=", 0) != 0 &&
           text.rfind("MASTER_ADDR=", 0) != 0 && text.rfind("MASTER_PORT=", 0) != 0 &&
-          text.rfind("LOCAL_WORLD_SIZE=", 0) != 0) {
+          text.rfind("LOCAL_WORLD_SIZE=", 0) != 0 && text.rfind("TORCHELASTIC_", 0) != 0) {
         environment_text.push_back(text);
       }
     }

@@ -1,8 +1,9 @@
 // Data-parallel training across processes with LibTorch's own distributed engine, c10d: Gloo for CPU tensors, NCCL for
 // CUDA tensors (when LibTorch has it). Ranks meet through a TCPStore the way torchrun arranges it (RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Every rank keeps a heartbeat in the store, so that when a collective fails or
-// times out the error names the rank that was lost instead of hanging. Not a general collective library: only what the
-// trainer needs (broadcast, sum, gather, barrier).
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT; with TORCHELASTIC_USE_AGENT_STORE=True the torchrun agent already serves the
+// store there and every rank is a client, as in PyTorch's env:// rendezvous). Every rank keeps a heartbeat in the
+// store, so that when a collective fails or times out the error names the rank that was lost instead of hanging. Not a
+// general collective library: only what the trainer needs (broadcast, sum, gather, barrier).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -41,18 +42,26 @@ struct DistributedConfig {
   int rank = 0, world_size = 1, local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // torchrun's static rendezvous (its default without --standalone or --rdzv-backend): the agent hosts the TCPStore
+  // on MASTER_PORT itself, so no rank may start one there; every rank connects as a client and keeps its keys under
+  // store_prefix, "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", the prefix PyTorch's env:// rendezvous uses, so
+  // that they cannot collide with the agent's own keys or with an earlier attempt's. Otherwise rank 0 hosts it.
+  bool use_agent_store = false;
+  std::string store_prefix;
   // A collective (or the rendezvous) that waits longer than this fails, naming the ranks whose heartbeat stopped.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 
-  // From RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; all absent means one process. Throws
-  // std::invalid_argument naming the variable and its value when they are inconsistent.
+  // From RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE and
+  // TORCHELASTIC_RESTART_COUNT; all absent means one process. Throws std::invalid_argument naming the variable and
+  // its value when they are inconsistent.
   static DistributedConfig from_environment();
 };
 
 class Communicator {
  public:
   // world_size 1: no store, no process group; every collective is the identity. Otherwise rendezvous (TCPStore on
-  // master_addr:master_port, served by rank 0), then a Gloo (CPU) or NCCL (CUDA) process group for `device`.
+  // master_addr:master_port, served by rank 0 or by the torchrun agent, see use_agent_store), then a Gloo (CPU) or NCCL
+  // (CUDA) process group for `device`.
   static std::shared_ptr<Communicator> create(const DistributedConfig& config, torch::Device device);
   ~Communicator();
   Communicator(const Communicator&) = delete;

@@ -47,7 +47,7 @@ std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& r
       held_out.series.push_back(detail::series_of(read_json_lines(run / "eval.jsonl"), "accuracy", name));
     }
     if (fs::exists(run / "metrics.jsonl")) {
-      sampled.series.push_back(detail::series_of(read_json_lines(run / "metrics.jsonl"), "accuracy", name));
+      sampled.series.push_back(detail::series_of(read_json_lines(run / "metrics.jsonl"), "sampled/accuracy", name));
     }
   }
   return {held_out, sampled};

@@ -31,10 +31,12 @@ struct Chart {
 std::string render_svg(const Chart& chart, int width = 640, int height = 320);
 
 // The charts of a run, all against "step" (a row without a finite "step" uses its index in the list):
-//   reward          reward_mean and every other reward_<function> field (reward_std excluded)
-//   accuracy        train accuracy per step, eval accuracy, eval pass@k when the eval rows have pass_at_k
-//   response length response_length_mean, response_length_max
-//   entropy, clip fractions (clip_fraction, dual_clip_fraction), approx KL
+//   reward          sampled/score/mean and every reward/<function> field
+//   accuracy        sampled/accuracy per step, eval accuracy, eval pass@k when the eval rows have pass_at_k
+//   response length sampled/response_length/mean and /max
+//   entropy (actor/entropy), clip fractions (actor/pg_clipfrac, actor/pg_clipfrac_lower), approx KL (actor/ppo_kl),
+//   learning rate (actor/lr), gradient norm (actor/grad_norm), generation rounds (train/num_gen_batches),
+//   groups (dapo/kept_groups, dapo/filtered_groups)
 // Missing, non-numeric and non-finite values are skipped; series with no point at all are left out, but every chart
 // is always returned (in this order), so a run always has the same plot files.
 std::vector<Chart> training_charts(const std::vector<nlohmann::json>& metrics,

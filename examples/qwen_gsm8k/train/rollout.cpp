@@ -16,7 +16,8 @@ std::vector<int64_t> prompt_ids(const Tokenizer& tokenizer, const std::string& s
 }
 
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
-                           const RolloutOptions& options, uint64_t seed, RolloutStats* stats) {
+                           const RolloutOptions& options, uint64_t seed, RolloutStats* stats,
+                           const ChunkProgress& on_chunk) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<Group> groups(problems.size());
   std::vector<std::vector<int64_t>> prompts;
@@ -53,6 +54,7 @@ std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, 
       generated += length;
       group.responses.push_back(std::move(response));
     }
+    if (on_chunk) on_chunk(start + count, rows);
   }
   if (stats != nullptr) {
     stats->generated_tokens += generated;
@@ -62,14 +64,15 @@ std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, 
 }
 
 int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
-                       const RolloutOptions& options) {
+                       const RolloutOptions& options, const ChunkProgress& on_chunk) {
   if (problems.empty()) return 0;
   torch::NoGradGuard no_grad;
   RolloutOptions greedy = options;
   greedy.group_size = 1;
   greedy.generation.sampling = {.temperature = 0.0};
   int64_t correct = 0;
-  for (const auto& group : rollout(model, tokenizer, problems, greedy, 0)) correct += group.responses[0].score.correct;
+  for (const auto& group : rollout(model, tokenizer, problems, greedy, 0, nullptr, on_chunk))
+    correct += group.responses[0].score.correct;
   return correct;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct RolloutOptions {
   int64_t max_batch_rows = 0;  // sequences per generate() call; 0: all at once
 };
 
+// (rows done, rows in all) after each generate() call of a rollout.
+using ChunkProgress = std::function<void(int64_t, int64_t)>;
+
 struct RolloutStats {
   int64_t generated_tokens = 0;
   double seconds = 0.0;
@@ -53,16 +57,20 @@ struct RolloutStats {
 // How many of `problems` greedy decoding answers correctly, one response each, with the prompt, budget, stop ids and
 // rewards of `options` (its sampling and group size are replaced). A count, not a fraction, so that data-parallel
 // ranks can sum theirs.
+// on_chunk, when given, is called after each generate() call (options.max_batch_rows rows at a time) with the rows
+// done and the rows in all: a progress line for long evaluations.
 int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
-                       const RolloutOptions& options);
+                       const RolloutOptions& options, const ChunkProgress& on_chunk = {});
 
 // Groups as a flat list of numbers (token ids, bytes of the texts, scores; every value exact in a double) and back:
 // how data-parallel ranks exchange their rollouts through a collective.
 std::vector<double> encode_groups(const std::vector<Group>& groups);
 std::vector<Group> decode_groups(const double* values, std::size_t count);
 
-// group_size responses for each problem, sampled with `seed`; appends timing to stats when given.
+// group_size responses for each problem, sampled with `seed`; appends timing to stats when given; on_chunk as for
+// greedy_correct.
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
-                           const RolloutOptions& options, uint64_t seed, RolloutStats* stats = nullptr);
+                           const RolloutOptions& options, uint64_t seed, RolloutStats* stats = nullptr,
+                           const ChunkProgress& on_chunk = {});
 
 }  // namespace qwen

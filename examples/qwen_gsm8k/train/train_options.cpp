@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "qwen_gsm8k/logging/metric_log.hpp"
+
 namespace qwen {
 
 void TrainOptions::use_grpo_baseline() {
@@ -36,14 +38,27 @@ void TrainOptions::validate() const {
   require(max_new_tokens >= 1, "max_new_tokens must be >= 1");
   require(rewards.overlong_cache >= 0 && rewards.overlong_cache <= max_new_tokens,
           "overlong_buffer_len " + std::to_string(rewards.overlong_cache) + " must lie in [0, max_new_tokens]");
+  require(std::isfinite(rewards.overlong_factor) && rewards.overlong_factor >= 0.0,
+          "overlong_penalty_factor must be a finite value >= 0");
+  for (const double weight :
+       {rewards.correctness_weight, rewards.digit_weight, rewards.format_weight, rewards.mark_weight}) {
+    require(std::isfinite(weight), "reward weights must be finite");
+  }
   require(lr > 0.0 && std::isfinite(lr), "lr must be > 0");
-  require(weight_decay >= 0.0, "weight_decay must be >= 0");
-  require(grad_clip > 0.0, "grad_clip must be > 0");
+  require(weight_decay >= 0.0 && std::isfinite(weight_decay), "weight_decay must be >= 0");
+  require(grad_clip > 0.0 && std::isfinite(grad_clip), "grad_clip must be > 0");
   require(warmup_steps >= 0, "warmup_steps must be >= 0");
   require(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio must lie in [0, 1]");
   require(eval_problems >= 0 && eval_pass_k >= 0 && eval_every >= 0 && save_every >= 0,
           "eval and save counts must be >= 0");
+  require(keep_checkpoints >= 0, "keep_checkpoints (save_total_limit) must be >= 0 (0 keeps all)");
+  require(max_shard_bytes >= 0, "max_shard_bytes must be >= 0 (0: one model.safetensors)");
+  require(log_rollouts >= 0, "log_rollouts must be >= 0 (0 writes none)");
+  for (const auto& logger : loggers) {
+    require(has_logger(kLoggerNames, logger), "logger \"" + logger + "\" is not one of console, jsonl, tensorboard");
+  }
   require(logprob_chunk >= 1, "logprob_chunk must be >= 1");
+  require(max_rollout_rows >= 0, "max_rollout_rows must be >= 0 (0 = all)");
   require(!autocast || *autocast == torch::kBFloat16 || *autocast == torch::kHalf,
           "autocast must be bfloat16 or float16 (or off)");
   sampling.validate();

@@ -58,13 +58,24 @@ struct TrainOptions {
   int64_t max_rollout_rows = 0;  // sequences per generate() call; 0: all
   int64_t eval_every = 0;        // trainer.test_freq; 0: only at the start and the end
   int64_t eval_problems = 100;
-  int64_t eval_pass_k = 0;  // also pass@k with sampling when > 0
-  int64_t save_every = 0;   // trainer.save_freq; 0: only at the end
-  int64_t keep_checkpoints = 2;
+  int64_t eval_pass_k = 0;       // also pass@k with sampling when > 0
+  int64_t save_every = 0;        // trainer.save_freq; 0: only at the end
+  int64_t keep_checkpoints = 2;  // TRL save_total_limit: newest checkpoints kept; 0 keeps all
+  // transformers' max_shard_size ("5GB" = 5e9 bytes): model.safetensors above it is split into
+  // model-0000k-of-0000n.safetensors with model.safetensors.index.json.
+  int64_t max_shard_bytes = 5'000'000'000;
+  // verl trainer.logger: where each step's metrics go: console (the progress line), jsonl (metrics.jsonl),
+  // tensorboard (events.out.tfevents.* in output_dir).
+  std::vector<std::string> loggers = {"console", "jsonl", "tensorboard"};
+  // Groups (prompts, with all their responses) written per step to rollouts/step-NNNNNN.jsonl (verl
+  // trainer.rollout_data_dir, TRL log_completions); 0 writes none.
+  int64_t log_rollouts = 2;
   uint64_t seed = 0;
-  std::filesystem::path output_dir;     // metrics.jsonl, eval.jsonl, checkpoints/, report.html; empty: write nothing
-  std::filesystem::path tokenizer_dir;  // copied into checkpoints when set
-  bool quiet = false;                   // no progress lines
+  std::filesystem::path output_dir;  // metrics.jsonl, eval.jsonl, checkpoints/, report.html; empty: write nothing
+  // The input model directory (train --model): its config.json fields, generation_config.json and tokenizer files
+  // go into every checkpoint, as save_pretrained would write them. Empty (the demo): config.json from the model.
+  std::filesystem::path model_dir;
+  bool quiet = false;  // no progress lines
   // Tests only: replaces sampling from the policy. Must depend on the problems alone (not on the rank or the batch),
   // so that runs with different numbers of ranks see the same rollouts. Not saved, not in to_json.
   std::function<std::vector<Group>(const std::vector<Problem>&)> fixed_rollouts;

@@ -9,9 +9,11 @@
 #include <stdexcept>
 
 #include "qwen_gsm8k/common/seed.hpp"
+#include "qwen_gsm8k/logging/rollout_log.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/report/report.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
+#include "qwen_gsm8k/train/step_metrics.hpp"
 #include "qwen_gsm8k/train/update.hpp"
 
 namespace qwen {
@@ -36,17 +38,6 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-double batch_accuracy(const std::vector<Group>& groups) {
-  double correct = 0, count = 0;
-  for (const auto& group : groups) {
-    for (const auto& response : group.responses) {
-      correct += response.score.correct;
-      count += 1;
-    }
-  }
-  return correct / count;
-}
-
 }  // namespace
 
 nlohmann::json EvalResult::to_json() const {
@@ -66,7 +57,8 @@ Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Proble
       test_(std::move(test)),
       options_(std::move(options)),
       sampler_(train_.empty() ? 1 : train_.size(), options_.seed),
-      communicator_(std::move(communicator)) {
+      communicator_(std::move(communicator)),
+      metric_log_(options_.output_dir, options_.loggers, communicator_ == nullptr || communicator_->is_root()) {
   options_.validate();
   if (train_.empty()) throw std::invalid_argument("trainer: the training set is empty");
   if (communicator_ == nullptr) communicator_ = Communicator::create({}, model_->lm_head_weight().device());
@@ -93,22 +85,15 @@ nlohmann::json Trainer::step() {
                                        options_.mask_truncated, options_.advantage);
   PolicyUpdate update{model_, *optimizer_, *communicator_, options_};
   const UpdateMetrics out = update.run(batch, updates_);
-  metrics["lr"] = out.lr;
-  metrics["loss"] = out.loss;
-  metrics["clip_fraction"] = out.clip_fraction;
-  metrics["dual_clip_fraction"] = out.dual_clip_fraction;
-  metrics["approx_kl"] = out.approx_kl;
-  metrics["clip_fraction_by_minibatch"] = out.clip_fraction_by_update;
-  metrics["entropy"] = out.entropy;
-  metrics["grad_norm"] = out.grad_norm;
-  metrics["skipped_updates"] = out.skipped_updates;
-  metrics["batch_accuracy"] = batch_accuracy(groups);
-  metrics["update_tokens_per_second"] = out.tokens_per_second;
-  metrics["update_seconds"] = out.seconds;
-  metrics["step_seconds"] = seconds_since(started);
+  add_batch_metrics(metrics, groups, batch, options_.max_new_tokens);
+  add_update_metrics(metrics, out);
+  add_time_metrics(metrics, groups, out, seconds_since(started), world_size());
   ++step_;
   metrics_.push_back(metrics);
-  append_jsonl("metrics.jsonl", metrics);
+  metric_log_.log_step(metrics);
+  if (is_root() && !options_.output_dir.empty()) {
+    write_rollout_log(options_.output_dir, step_, groups, batch.advantages, tokenizer_, options_.log_rollouts);
+  }
   return metrics;
 }
 
@@ -124,7 +109,16 @@ EvalResult Trainer::evaluate() {
   const auto [begin, end] = communicator_->shard(static_cast<int64_t>(count));
   const std::vector<Problem> problems(test_.begin() + begin, test_.begin() + end);
   const AutocastGuard autocast(model_->lm_head_weight().device(), options_.autocast);
-  const auto correct = static_cast<double>(greedy_correct(model_, tokenizer_, problems, rollout_options_));
+  // A progress line after each generation call but the last (several only with --max-rollout-rows).
+  const auto started = Clock::now();
+  const ChunkProgress on_chunk = [&](int64_t done, int64_t rows) {
+    if (done == rows) return;
+    const double seconds = seconds_since(started);
+    progress("eval  step " + std::to_string(step_) + ": " + std::to_string(done) + "/" + std::to_string(rows) +
+             " problems of this rank, " + format_duration(seconds) + ", left " +
+             format_duration(seconds * static_cast<double>(rows - done) / static_cast<double>(done)));
+  };
+  const auto correct = static_cast<double>(greedy_correct(model_, tokenizer_, problems, rollout_options_, on_chunk));
   double passed = 0;
   if (options_.eval_pass_k > 0 && !problems.empty()) {
     RolloutOptions sampled = rollout_options_;
@@ -143,7 +137,7 @@ EvalResult Trainer::evaluate() {
     result.pass_at_k = totals[1] / static_cast<double>(count);
   }
   evals_.push_back(result.to_json());
-  append_jsonl("eval.jsonl", result.to_json());
+  metric_log_.log_eval(result.to_json());
   return result;
 }
 
@@ -152,9 +146,12 @@ void Trainer::progress(const std::string& line) const {
 }
 
 void Trainer::evaluate_and_report(bool with_count) {
+  const auto started = Clock::now();
   const EvalResult eval = evaluate();
+  if (!options_.output_dir.empty() && is_root()) write_report();  // the report grows as the run goes
   progress("eval  step " + std::to_string(step_) + ": greedy accuracy " + std::to_string(eval.accuracy).substr(0, 5) +
-           (!with_count ? "" : " on " + std::to_string(eval.problems) + " problems"));
+           (!with_count ? "" : " on " + std::to_string(eval.problems) + " problems") + " (" +
+           format_duration(seconds_since(started)) + ")");
 }
 
 void Trainer::run() {
@@ -170,11 +167,12 @@ void Trainer::run() {
                   "step %lld/%lld | reward %.3f | acc %.3f | len %.1f | clip %.4f | rounds %lld | %.1f s/step | "
                   "left %s",
                   static_cast<long long>(step_), static_cast<long long>(options_.total_steps),
-                  row.at("reward_mean").get<double>(), row.at("accuracy").get<double>(),
-                  row.at("response_length_mean").get<double>(), row.at("clip_fraction").get<double>(),
-                  static_cast<long long>(row.at("gen_rounds").get<int64_t>()), row.at("step_seconds").get<double>(),
+                  row.at("sampled/score/mean").get<double>(), row.at("sampled/accuracy").get<double>(),
+                  row.at("sampled/response_length/mean").get<double>(), row.at("actor/pg_clipfrac").get<double>(),
+                  static_cast<long long>(row.at("train/num_gen_batches").get<int64_t>()),
+                  row.at("timing_s/step").get<double>(),
                   format_duration(per_step * static_cast<double>(options_.total_steps - step_)).c_str());
-    progress(line);
+    if (has_logger(options_.loggers, "console")) progress(line);
     const bool last = step_ == options_.total_steps;
     if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && !last) evaluate_and_report(false);
     if (options_.save_every > 0 && step_ % options_.save_every == 0 && !last && !options_.output_dir.empty() &&
@@ -187,13 +185,6 @@ void Trainer::run() {
     save_checkpoint();
     write_report();
   }
-}
-
-void Trainer::append_jsonl(const char* file, const nlohmann::json& row) const {
-  if (options_.output_dir.empty() || !is_root()) return;
-  std::ofstream out(options_.output_dir / file, std::ios::app);
-  out << row.dump() << "\n";
-  if (!out) throw std::runtime_error((options_.output_dir / file).string() + ": write failed (disk full?)");
 }
 
 void Trainer::write_report() const {

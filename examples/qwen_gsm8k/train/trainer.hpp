@@ -2,7 +2,8 @@
 // sampling on accuracy -> rewards with overlong shaping -> group advantages -> old log-probs from the training forward
 // -> ppo_epochs passes over mini-batches of whole groups (so updates after the first are off-policy and the decoupled
 // clip acts), token-mean over each mini-batch -> AdamW with warm-up and grad-norm clipping. No reference model, no KL.
-// Also: evaluation, metrics.jsonl / eval.jsonl, checkpoints and resume, the report. The pieces: train_options.hpp
+// Also: evaluation, the metrics (verl's names; metrics.jsonl, TensorBoard, rollouts/ samples: logging/), checkpoints
+// and resume, the report (rewritten at every evaluation). The pieces: train_options.hpp
 // (settings), trainer_rollouts.cpp (the step's rollouts), batch.hpp (tensors), update.hpp (the policy update),
 // trainer_state.cpp (checkpoints), lr_schedule.hpp.
 #pragma once
@@ -19,6 +20,7 @@
 
 #include "qwen_gsm8k/data/data.hpp"
 #include "qwen_gsm8k/dist/distributed.hpp"
+#include "qwen_gsm8k/logging/metric_log.hpp"
 #include "qwen_gsm8k/model/model.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
@@ -48,11 +50,11 @@ class Trainer {
   Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Problem> train, std::vector<Problem> test,
           TrainOptions options, std::shared_ptr<Communicator> communicator = nullptr);
 
-  // One DAPO step; returns its metrics row (also appended to metrics.jsonl).
+  // One DAPO step; returns its metrics row (also logged: metrics.jsonl, TensorBoard; a rollouts/ sample).
   nlohmann::json step();
   // Greedy accuracy on the first eval_problems test problems (and pass@k); appended to eval.jsonl.
   EvalResult evaluate();
-  // Runs to total_steps: evaluations, checkpoints, progress lines, and the report at the end.
+  // Runs to total_steps: evaluations (each rewrites the report), checkpoints, progress lines, the report at the end.
   void run();
 
   // Checkpoint of everything a resume needs, in output_dir/checkpoints/step-NNNNNN (atomic); returns its path.
@@ -73,7 +75,6 @@ class Trainer {
   std::vector<Group> round_groups(const std::vector<Problem>& problems, uint64_t seed, RolloutStats& stats);
   bool is_root() const { return communicator_ == nullptr || communicator_->is_root(); }
   int world_size() const { return communicator_ == nullptr ? 1 : communicator_->world_size(); }
-  void append_jsonl(const char* file, const nlohmann::json& row) const;
   void write_report() const;
   // A progress line (rank 0, unless quiet).
   void progress(const std::string& line) const;
@@ -90,6 +91,7 @@ class Trainer {
   int64_t step_ = 0, updates_ = 0;
   std::vector<nlohmann::json> metrics_, evals_;
   std::shared_ptr<Communicator> communicator_;
+  MetricLog metric_log_;
 };
 
 }  // namespace qwen

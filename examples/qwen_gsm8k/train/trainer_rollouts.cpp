@@ -7,59 +7,10 @@
 
 #include "qwen_gsm8k/common/seed.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/train/step_metrics.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 
 namespace qwen {
-
-namespace {
-
-// Sums over every response sampled in a step, kept or not: that is the policy's current behaviour.
-struct SampledResponses {
-  double reward_sum = 0, reward_squares = 0, correct = 0, responses = 0, length_sum = 0, length_max = 0, truncated = 0;
-  double parts[5] = {};  // correctness, digit, format, mark, overlong
-
-  // Adds a round's groups; returns each response's accuracy (1 or 0), the metric dynamic sampling filters on.
-  std::vector<double> add(const std::vector<Group>& groups) {
-    std::vector<double> accuracy;
-    for (const auto& group : groups) {
-      for (const auto& response : group.responses) {
-        const double reward = response.score.total;
-        reward_sum += reward;
-        reward_squares += reward * reward;
-        correct += response.score.correct;
-        responses += 1;
-        length_sum += static_cast<double>(response.ids.size());
-        length_max = std::max(length_max, static_cast<double>(response.ids.size()));
-        truncated += response.truncated;
-        parts[0] += response.score.parts.correctness;
-        parts[1] += response.score.parts.digit;
-        parts[2] += response.score.parts.hard_format;
-        parts[3] += response.score.parts.mark;
-        parts[4] += response.score.overlong;
-        accuracy.push_back(response.score.correct ? 1.0 : 0.0);
-      }
-    }
-    return accuracy;
-  }
-
-  void write(nlohmann::json& metrics) const {
-    const double mean = reward_sum / responses;
-    metrics["reward_mean"] = mean;
-    metrics["reward_std"] = std::sqrt(std::max(0.0, reward_squares / responses - mean * mean));
-    metrics["reward_correctness"] = parts[0] / responses;
-    metrics["reward_digit"] = parts[1] / responses;
-    metrics["reward_format"] = parts[2] / responses;
-    metrics["reward_mark"] = parts[3] / responses;
-    metrics["reward_overlong"] = parts[4] / responses;
-    metrics["accuracy"] = correct / responses;
-    metrics["response_length_mean"] = length_sum / responses;
-    metrics["response_length_max"] = length_max;
-    metrics["truncated_fraction"] = truncated / responses;
-    metrics["sampled_responses"] = responses;
-  }
-};
-
-}  // namespace
 
 std::vector<Group> Trainer::collect_groups(nlohmann::json& metrics) {
   const int64_t target = options_.train_batch_size;
@@ -85,22 +36,22 @@ std::vector<Group> Trainer::collect_groups(nlohmann::json& metrics) {
       sampler.add_round(std::move(groups), accuracy);
     }
     batch = sampler.take();
-    metrics["gen_rounds"] = sampler.last_rounds();
-    metrics["filtered_groups"] = sampler.last_filtered();
-    metrics["surplus_groups"] = sampler.last_surplus();
+    metrics["train/num_gen_batches"] = sampler.last_rounds();
+    metrics["dapo/filtered_groups"] = sampler.last_filtered();
+    metrics["dapo/surplus_groups"] = sampler.last_surplus();
   } else {
     batch = next_groups(0, target);  // GRPO: one round, every group kept
     sampled.add(batch);
-    metrics["gen_rounds"] = 1;
-    metrics["filtered_groups"] = 0;
-    metrics["surplus_groups"] = 0;
+    metrics["train/num_gen_batches"] = 1;
+    metrics["dapo/filtered_groups"] = 0;
+    metrics["dapo/surplus_groups"] = 0;
   }
   sampled.write(metrics);
-  metrics["kept_groups"] = static_cast<int64_t>(batch.size());
+  metrics["dapo/kept_groups"] = static_cast<int64_t>(batch.size());
   // Tokens of all ranks over this rank's generation time (the ranks wait for each other after every round).
   const double generated = communicator_->all_reduce_sum({static_cast<double>(stats.generated_tokens)})[0];
-  metrics["rollout_tokens_per_second"] = generated / std::max(stats.seconds, 1e-9);
-  metrics["rollout_seconds"] = stats.seconds;
+  metrics["perf/rollout_tokens_per_second"] = generated / std::max(stats.seconds, 1e-9);
+  metrics["timing_s/gen"] = stats.seconds;
   return batch;
 }
 
