@@ -1,7 +1,8 @@
-// Test support for tests that run a helper program and act on it (kill it, freeze it) at a point of its work: the
-// program reports its progress as lines on stdout, and the test waits for the line it needs, never for an amount of
-// time. The only clock is a hang guard, a bound so generous that only a hung program reaches it, so that a hang
-// fails the test instead of stalling CI; no test asserts how fast the machine is.
+// Test support for tests that run a helper program and act on it (kill it, signal it, freeze it) at a point of its
+// work, or cap the size of the files it may write (a disk that fills up): the program reports its progress as lines
+// on stdout, and the test waits for the line it needs, never for an amount of time. The only clock is a hang guard, a
+// bound so generous that only a hung program reaches it, so that a hang fails the test instead of stalling CI; no
+// test asserts how fast the machine is.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -9,6 +10,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +46,9 @@ struct SpawnOptions {
   bool pipe_stdout = false;           // read it with Child::read_line
   std::filesystem::path stdout_file;  // else stdout goes here (empty: inherited)
   std::filesystem::path stderr_file;  // empty: inherited
+  // RLIMIT_FSIZE of the child (bytes), with SIGXFSZ ignored there (an ignored signal stays ignored across exec), so
+  // that a write beyond the limit fails with EFBIG instead of killing it: a disk that fills up, for one process.
+  std::optional<rlim_t> file_size_limit;
 };
 
 // A child process; one still running when the object goes is killed (SIGKILL) and reaped, so that a failed REQUIRE
@@ -81,7 +86,31 @@ class Child {
     if (!options.stderr_file.empty()) {
       posix_spawn_file_actions_addopen(&actions, 2, options.stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     }
-    const int error = posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, argv.data(), envp.data());
+    int error = 0;
+    if (options.file_size_limit) {
+      // posix_spawn cannot set a resource limit: fork, then only async-signal-safe calls until exec.
+      pid_ = ::fork();
+      if (pid_ == 0) {
+        if (options.pipe_stdout) ::dup2(pipe_fds[1], 1);
+        const auto redirect = [](const std::filesystem::path& file, int fd) {
+          if (file.empty()) return;
+          const int opened = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+          if (opened < 0) return;
+          ::dup2(opened, fd);
+          ::close(opened);
+        };
+        if (!options.pipe_stdout) redirect(options.stdout_file, 1);
+        redirect(options.stderr_file, 2);
+        const rlimit limit{*options.file_size_limit, *options.file_size_limit};
+        ::setrlimit(RLIMIT_FSIZE, &limit);
+        ::signal(SIGXFSZ, SIG_IGN);
+        ::execve(args[0].c_str(), argv.data(), envp.data());
+        ::_exit(127);
+      }
+      error = pid_ < 0 ? errno : 0;
+    } else {
+      error = posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, argv.data(), envp.data());
+    }
     posix_spawn_file_actions_destroy(&actions);
     if (options.pipe_stdout) {
       ::close(pipe_fds[1]);  // ours: the child holds the only write end, so its exit is our end of file
@@ -153,8 +182,12 @@ class Child {
   int wait() {
     const int status = wait_status(0);
     exited_ = true;
+    killed_by_signal_ = WIFSIGNALED(status);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
+  // After wait(): whether a signal ended the child (wait() gives 128 + signal either way; a program that handles
+  // SIGTERM and exits with 143 itself returns false here).
+  bool killed_by_signal() const { return killed_by_signal_; }
 
  private:
   // waitpid on a thread, so that the hang guard can bound it without polling.
@@ -178,6 +211,7 @@ class Child {
   pid_t pid_ = -1;
   int stdout_ = -1;
   bool exited_ = false;
+  bool killed_by_signal_ = false;
   std::string pending_;
 };
 

@@ -50,6 +50,11 @@ TrainOptions resolved_options(const TrainCommand& command);
 void prepare_train_output(const TrainCommand& command);
 int run_train_command(TrainCommand command, const DistributedConfig& distributed);
 
+// After a run stopped on SIGTERM / SIGINT (Trainer::set_stop_request): rank 0 prints the line that says at which
+// step, where the checkpoint is and `how_to_continue`; returns the exit status a job ended by that signal has,
+// 128 + signal (143, 130), as schedulers and shells expect of a preempted job.
+int report_stop(bool root, const RunResult& result, const std::string& how_to_continue);
+
 struct CompareCommand {
   std::string output = "compare-output";
   std::vector<std::string> runs;

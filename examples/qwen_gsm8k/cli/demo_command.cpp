@@ -7,6 +7,7 @@
 #include <string>
 
 #include "qwen_gsm8k/cli/commands.hpp"
+#include "qwen_gsm8k/common/stop_request.hpp"
 
 namespace qwen::cli {
 namespace {
@@ -113,9 +114,16 @@ int run_demo_command(const DemoCommand& command, const DistributedConfig& distri
     c10::impl::getDeviceGuardImpl(demo.device.type())->setDevice(demo.device);
   }
   const auto communicator = Communicator::create(distributed, demo.device);
-  run_demo(demo, communicator);
+  // SIGTERM / SIGINT end the demo after the update or step under way (common/stop_request.hpp).
+  install_stop_handlers(distributed.world_size > 1 ? RepeatedSignal::kAsksToStop : RepeatedSignal::kKills);
+  demo.stop_request = [] { return stop_signal() != 0; };
+  const nlohmann::json summary = run_demo(demo, communicator);
   communicator->barrier();  // rank 0 serves the rendezvous store: it leaves last
-  return 0;
+  if (!summary.value("stopped", false)) return 0;
+  const RunResult result{.stopped = true,
+                         .step = summary.at("step").get<int64_t>(),
+                         .checkpoint = summary.at("checkpoint").get<std::string>()};
+  return report_stop(communicator->is_root(), result, "the demo cannot resume: run it again");
 }
 
 }  // namespace qwen::cli

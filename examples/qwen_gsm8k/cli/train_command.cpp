@@ -2,9 +2,12 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
 
 #include "qwen_gsm8k/cli/commands.hpp"
+#include "qwen_gsm8k/common/stop_request.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/text/chat_template.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
@@ -74,6 +77,20 @@ void check_train_command(const TrainCommand& c) {
 }
 
 }  // namespace
+
+int report_stop(bool root, const RunResult& result, const std::string& how_to_continue) {
+  // A rank that stopped because another rank was signalled reports SIGTERM, what launchers send.
+  const int signal = stop_signal() != 0 ? stop_signal() : SIGTERM;
+  if (root) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "qwen_gsm8k: stopped by %s after step %lld; %s; %s\n", signal_name(signal).c_str(),
+                 static_cast<long long>(result.step),
+                 result.checkpoint.empty() ? "nothing saved" : ("checkpoint " + result.checkpoint.string()).c_str(),
+                 how_to_continue.c_str());
+    std::fflush(stderr);
+  }
+  return 128 + signal;
+}
 
 TrainOptions resolved_options(const TrainCommand& c) {
   TrainOptions options = c.options;
@@ -167,9 +184,14 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
                   command.resume.c_str());
     }
   }
-  trainer.run();
+  // From here on SIGTERM / SIGINT stop the run after the step under way, with a checkpoint (common/stop_request.hpp).
+  install_stop_handlers(distributed.world_size > 1 ? RepeatedSignal::kAsksToStop : RepeatedSignal::kKills);
+  trainer.set_stop_request([] { return stop_signal() != 0; });
+  const RunResult result = trainer.run();
   communicator->barrier();  // rank 0 serves the rendezvous store: it leaves last
-  return 0;
+  if (!result.stopped) return 0;
+  const std::string checkpoints = (std::filesystem::path(command.output) / "checkpoints").string();
+  return report_stop(communicator->is_root(), result, "continue with the same command plus --resume " + checkpoints);
 }
 
 }  // namespace qwen::cli

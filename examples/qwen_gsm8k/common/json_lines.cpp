@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "qwen_gsm8k/common/json_error.hpp"
+
 namespace qwen {
 
 std::vector<nlohmann::json> read_json_lines(const std::filesystem::path& path) {
@@ -21,9 +23,10 @@ std::vector<nlohmann::json> read_json_lines(const std::filesystem::path& path) {
     json row;
     try {
       row = json::parse(line);
-    } catch (const json::parse_error& parse_error) {
+    } catch (const json::exception& parse_error) {
       const bool last_line = in.peek() == std::char_traits<char>::eof();
-      throw std::runtime_error(where + "not valid JSON (" + parse_error.what() + ")" +
+      throw std::runtime_error(where + "not valid JSON " + json_error_where(parse_error) + " (" + parse_error.what() +
+                               ")" +
                                (last_line ? "; a run stopped mid-write leaves a partial last line: delete it" : ""));
     }
     if (!row.is_object()) {

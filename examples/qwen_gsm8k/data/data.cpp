@@ -11,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "qwen_gsm8k/common/json_error.hpp"
 #include "qwen_gsm8k/common/seed.hpp"
 
 namespace qwen {
@@ -158,11 +159,11 @@ Problem problem_of(std::string_view line, const DataFields& fields) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
     // nlohmann's message is "[json.exception...] parse error at line 1, column N: what"; the byte says where.
     const std::string message = error.what();
     const auto detail = message.find(": ");
-    throw BadLine{"invalid JSON at byte " + std::to_string(error.byte) + ": " +
+    throw BadLine{"invalid JSON " + json_error_where(error) + ": " +
                   (detail == std::string::npos ? message : message.substr(detail + 2))};
   }
   if (!json.is_object()) throw BadLine{"expected a JSON object, got " + shown(json)};

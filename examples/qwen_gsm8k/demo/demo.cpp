@@ -28,6 +28,7 @@ Tokenizer demo_tokenizer() {
 struct WarmStart {
   int64_t steps = 0;
   double check_accuracy = 0.0;  // on the training-form check problems, at the end
+  bool stopped = false;         // by options.stop_request
 };
 
 // Supervised warm start: teacher forcing on prompt + worked solution + <|im_end|>, mean NLL over the answer tokens,
@@ -77,6 +78,12 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     optimizer.step();
     result.steps = step + 1;
+    // As the trainer does: summed over the ranks, so that every rank leaves the loop after the same update.
+    const bool asked = options.stop_request && options.stop_request();
+    if (communicator.all_reduce_sum({asked ? 1.0 : 0.0})[0] > 0) {
+      result.stopped = true;
+      return result;
+    }
     const bool close = result.check_accuracy >= options.sft_target_accuracy - 0.15;
     const int64_t every = close ? std::min<int64_t>(5, options.sft_check_every) : options.sft_check_every;
     if (result.steps >= options.sft_min_steps && result.steps % every == 0) {
@@ -252,10 +259,16 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
     std::fflush(stdout);
   }
   const WarmStart warm = warm_start(model, tokenizer, problems.train, options, train_options, *communicator);
+  if (warm.stopped) return {{"stopped", true}, {"step", 0}, {"checkpoint", ""}};
   const double warm_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
   Trainer trainer(model, tokenizer, problems.train, problems.test, train_options, communicator);
-  trainer.run();  // evaluates first (the warm-started model), then trains, evaluating every eval_every steps
+  if (options.stop_request) trainer.set_stop_request(options.stop_request);
+  // Evaluates first (the warm-started model), then trains, evaluating every eval_every steps.
+  const RunResult outcome = trainer.run();
+  if (outcome.stopped) {
+    return {{"stopped", true}, {"step", outcome.step}, {"checkpoint", outcome.checkpoint.string()}};
+  }
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const nlohmann::json summary = demo_summary(options, train_options, trainer.evals(), communicator->world_size(),

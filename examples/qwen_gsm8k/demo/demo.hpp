@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ struct DemoOptions {
   // As TrainOptions' (verl trainer.logger; groups per step in rollouts/step-NNNNNN.jsonl).
   std::vector<std::string> loggers = {"console", "jsonl", "tensorboard"};
   int64_t log_rollouts = 2;
+  // Polled after each warm-start update and each RL step (see Trainer::set_stop_request); once true on any rank,
+  // the demo ends there: during the warm start with nothing saved, during RL with a checkpoint. Empty: never stops.
+  std::function<bool()> stop_request;
 };
 
 // The tiny model: hidden 64, 3 layers, 4 query / 2 key-value heads, intermediate 192, tied embeddings, the 259-token
@@ -66,7 +70,9 @@ TrainOptions demo_train_options(const DemoOptions& options);
 void check_demo_device(torch::Device device);
 
 // Runs the demo on options.device; writes summary.json, metrics.jsonl, eval.jsonl, report.html and a final checkpoint
-// to output_dir, prints a before/after table unless quiet, and returns the summary. With a communicator of several
+// to output_dir, prints a before/after table unless quiet, and returns the summary. A run ended by
+// options.stop_request writes no summary.json and returns {"stopped": true, "step": RL steps done, "checkpoint": the
+// checkpoint written at the stop, or ""}. With a communicator of several
 // ranks, the warm start and DAPO run data parallel (see Trainer) and rank 0 alone prints and writes; the communicator's
 // device must be options.device's type (Gloo for cpu, NCCL for cuda), each rank on its own GPU.
 nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator> communicator = nullptr);

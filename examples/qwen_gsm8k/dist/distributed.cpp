@@ -21,6 +21,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "qwen_gsm8k/common/stop_request.hpp"
+
 extern char** environ;
 
 namespace qwen {
@@ -338,6 +340,13 @@ std::optional<int> free_loopback_port() {
 
 int launch_local_ranks(int nproc, const std::vector<std::string>& arguments, std::chrono::seconds grace) {
   if (nproc < 1) throw std::invalid_argument("--nproc is " + std::to_string(nproc) + ", expected >= 1");
+  // SIGTERM / SIGINT (a scheduler, Ctrl-C): the launcher does not die of them but passes the first on to every rank
+  // (they stop after the same step, see Trainer::set_stop_request, and exit with 128 + signal) and kills the ranks on
+  // the second; so a job signalled through the launcher alone still checkpoints, and the launcher reports how its
+  // ranks ended. The ranks themselves only ever stop on a signal (RepeatedSignal::kAsksToStop): one that reached them
+  // twice, from the terminal and from here, must not kill them mid-checkpoint. (The ranks start with the default
+  // actions: exec resets handled signals.)
+  install_stop_handlers(RepeatedSignal::kAsksToStop);
   const int port = free_loopback_port().value_or(29500);  // for rank 0's store
   std::map<pid_t, int> ranks;
   for (int rank = 0; rank < nproc; ++rank) {
@@ -371,15 +380,24 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& arguments, std
     }
     ranks[pid] = rank;
   }
+  int signals_passed = 0;
   int result = 0;
   auto first_failure = std::chrono::steady_clock::time_point::max();
   while (!ranks.empty()) {
+    if (const int signals = stop_signal_count(); signals > signals_passed) {
+      for (const auto& [child, rank] : ranks) ::kill(child, signals == 1 ? stop_signal() : SIGKILL);
+      if (signals > 1 && result == 0) result = 128 + stop_signal();
+      signals_passed = signals;
+    }
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0 && ranks.count(pid)) {
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (code != 0 && result == 0) {
-        result = code;
+      // A rank that stopped on request exits with 128 + SIGTERM or SIGINT, and the others stop after the same step:
+      // they are not killed.
+      const bool stopped = WIFEXITED(status) && (code == 128 + SIGTERM || code == 128 + SIGINT);
+      if (code != 0 && result == 0) result = code;
+      if (code != 0 && !stopped && first_failure == std::chrono::steady_clock::time_point::max()) {
         first_failure = std::chrono::steady_clock::now();
         std::fprintf(stderr, "qwen_gsm8k: rank %d %s %d; stopping the other ranks\n", ranks[pid],
                      WIFEXITED(status) ? "exited with status" : "was killed by signal",
@@ -388,7 +406,8 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& arguments, std
       ranks.erase(pid);
       continue;
     }
-    if (result != 0 && std::chrono::steady_clock::now() - first_failure > grace) {
+    if (first_failure != std::chrono::steady_clock::time_point::max() &&
+        std::chrono::steady_clock::now() - first_failure > grace) {
       for (const auto& [child, rank] : ranks) ::kill(child, SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -115,7 +115,9 @@ std::optional<int> free_loopback_port();
 // The --nproc launcher: runs this program `nproc` times on this machine as ranks 0..nproc-1 (RANK, WORLD_SIZE,
 // LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) with `arguments` (argv without --nproc), waits for them, and
 // returns 0 when all succeed, else the first failure's exit status (128 + signal for a killed rank). When one rank
-// fails, the others get `grace` to stop with their own error, then are killed.
+// fails, the others get `grace` to stop with their own error, then are killed. SIGTERM / SIGINT sent to the launcher
+// go on to the ranks (the first as it is: they stop at a step boundary and exit with 128 + signal, which is no
+// failure; the second as SIGKILL).
 int launch_local_ranks(int nproc, const std::vector<std::string>& arguments, std::chrono::seconds grace);
 
 }  // namespace qwen

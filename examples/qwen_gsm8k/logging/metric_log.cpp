@@ -2,6 +2,8 @@
 #include "qwen_gsm8k/logging/metric_log.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 
@@ -65,7 +67,10 @@ void MetricLog::append(const char* file, const nlohmann::json& row) const {
   std::ofstream out(output_dir_ / file, std::ios::app);
   out << row.dump() << "\n";
   out.flush();
-  if (!out) throw std::runtime_error((output_dir_ / file).string() + ": write failed (disk full?)");
+  if (!out) {
+    throw std::runtime_error((output_dir_ / file).string() + ": write failed (" + std::strerror(errno) +
+                             "; disk full, or a file size limit such as ulimit -f?)");
+  }
 }
 
 }  // namespace qwen

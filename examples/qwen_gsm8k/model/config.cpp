@@ -4,6 +4,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "qwen_gsm8k/common/json_error.hpp"
+
 namespace qwen {
 namespace {
 
@@ -27,6 +29,24 @@ double number_or(const nlohmann::json& json, const char* key, double fallback, c
   return json.at(key).get<double>();
 }
 
+// nlohmann's json.value(key, fallback) throws its own type_error, naming no file, when the field has another type.
+std::string string_or(const nlohmann::json& json, const char* key, const std::string& fallback,
+                      const std::string& source) {
+  if (!json.contains(key)) return fallback;
+  if (!json.at(key).is_string()) {
+    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected a string");
+  }
+  return json.at(key).get<std::string>();
+}
+
+bool bool_or(const nlohmann::json& json, const char* key, bool fallback, const std::string& source) {
+  if (!json.contains(key) || json.at(key).is_null()) return fallback;
+  if (!json.at(key).is_boolean()) {
+    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected true or false");
+  }
+  return json.at(key).get<bool>();
+}
+
 std::optional<int64_t> optional_id(const nlohmann::json& json, const char* key) {
   if (!json.contains(key) || !json.at(key).is_number_integer()) return std::nullopt;
   return json.at(key).get<int64_t>();
@@ -40,7 +60,7 @@ double read_rope_theta(const nlohmann::json& json, const std::string& source) {
   if (!json.contains("rope_parameters") || json.at("rope_parameters").is_null()) return legacy > 0.0 ? legacy : 10000.0;
   const auto& parameters = json.at("rope_parameters");
   if (!parameters.is_object()) fail(source, "rope_parameters is " + parameters.dump() + ", expected an object");
-  const std::string type = parameters.value("rope_type", "default");
+  const std::string type = string_or(parameters, "rope_type", "default", source + " rope_parameters");
   if (type != "default") {
     fail(source, "rope_parameters.rope_type is \"" + type + "\"; only plain RoPE (\"default\") is supported");
   }
@@ -57,13 +77,13 @@ double read_rope_theta(const nlohmann::json& json, const std::string& source) {
 
 Config Config::from_json(const nlohmann::json& json, const std::string& source) {
   if (!json.is_object()) fail(source, "expected a JSON object");
-  const std::string model_type = json.value("model_type", "");
+  const std::string model_type = string_or(json, "model_type", "", source);
   if (model_type != "qwen2") {
     fail(source, "model_type is \"" + model_type + "\", expected \"qwen2\" (this driver implements Qwen2 / Qwen2.5)");
   }
-  const std::string activation = json.value("hidden_act", "silu");
+  const std::string activation = string_or(json, "hidden_act", "silu", source);
   if (activation != "silu") fail(source, "hidden_act is \"" + activation + "\", only \"silu\" is supported");
-  if (json.value("use_sliding_window", false)) {
+  if (bool_or(json, "use_sliding_window", false, source)) {
     fail(source, "use_sliding_window is true; sliding-window attention is not supported");
   }
   if (json.contains("rope_scaling") && !json.at("rope_scaling").is_null()) {
@@ -88,7 +108,7 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
       json.contains("max_position_embeddings") ? required_int(json, "max_position_embeddings", source) : 32768;
   config.rms_norm_eps = number_or(json, "rms_norm_eps", 1e-6, source);
   config.rope_theta = read_rope_theta(json, source);
-  config.tie_word_embeddings = json.value("tie_word_embeddings", false);
+  config.tie_word_embeddings = bool_or(json, "tie_word_embeddings", false, source);
   config.bos_token_id = optional_id(json, "bos_token_id");
   config.pad_token_id = optional_id(json, "pad_token_id");
   if (json.contains("eos_token_id")) {
@@ -105,7 +125,10 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
     }
   }
   // transformers 5 writes "dtype"; earlier versions "torch_dtype".
-  config.torch_dtype = json.value("torch_dtype", json.value("dtype", "float32"));
+  config.torch_dtype = "float32";
+  for (const char* key : {"dtype", "torch_dtype"}) {  // where both are present, torch_dtype, as before
+    if (json.contains(key) && !json.at(key).is_null()) config.torch_dtype = string_or(json, key, "", source);
+  }
   config.validate(source);
   return config;
 }
@@ -144,8 +167,8 @@ Config Config::from_file(const std::filesystem::path& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& error) {
-    fail(path.string(), std::string("invalid JSON at byte ") + std::to_string(error.byte) + ": " + error.what());
+  } catch (const nlohmann::json::exception& error) {
+    fail(path.string(), "invalid JSON " + json_error_where(error) + ": " + error.what());
   }
   return from_json(json, path.string());
 }

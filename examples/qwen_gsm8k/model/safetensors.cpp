@@ -6,21 +6,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <dapo/core/error.hpp>
-
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 #include <ostream>
 #include <set>
 #include <stdexcept>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
+#include "qwen_gsm8k/model/safetensors_header.hpp"
 
 namespace qwen {
 namespace {
-
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
 
 struct DtypeName {
   const char* name;
@@ -35,51 +31,11 @@ constexpr DtypeName kDtypes[] = {{"F64", torch::kFloat64},   {"F32", torch::kFlo
   throw std::runtime_error(path.string() + ": " + message);
 }
 
-// One tensor's header entry, every field checked against the file: dtype known, shape sizes, byte range inside the
-// data section and of the size the shape and dtype imply.
-SafetensorsEntry parse_entry(const std::filesystem::path& path, const std::string& name, const nlohmann::json& value,
-                             std::size_t data_start, std::size_t data_bytes) {
-  const std::string where = "tensor \"" + name + "\"";
-  if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
-    fail(path, where + " lacks dtype, shape or data_offsets");
+torch::ScalarType dtype_of(const std::string& name) {
+  for (const auto& known : kDtypes) {
+    if (name == known.name) return known.dtype;
   }
-  SafetensorsEntry entry;
-  entry.name = name;
-  if (!value.at("dtype").is_string()) fail(path, where + ": dtype is not a string");
-  entry.dtype_name = value.at("dtype").get<std::string>();
-  bool known = false;
-  for (const auto& dtype : kDtypes) {
-    if (entry.dtype_name == dtype.name) {
-      entry.dtype = dtype.dtype;
-      known = true;
-    }
-  }
-  if (!known) fail(path, where + ": unknown dtype \"" + entry.dtype_name + "\" (expected F32, BF16, F16, ...)");
-  if (!value.at("shape").is_array()) fail(path, where + ": shape is not a list");
-  for (const auto& extent : value.at("shape")) {
-    if (!extent.is_number_unsigned()) fail(path, where + ": shape holds " + extent.dump() + ", expected sizes >= 0");
-    entry.shape.push_back(extent.get<int64_t>());
-  }
-  const auto& offsets = value.at("data_offsets");
-  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-      !offsets[1].is_number_unsigned()) {
-    fail(path, where + ": data_offsets is " + offsets.dump() + ", expected [begin, end]");
-  }
-  entry.begin = offsets[0].get<uint64_t>();
-  entry.end = offsets[1].get<uint64_t>();
-  if (entry.begin > entry.end || entry.end > data_bytes) {
-    fail(path, where + ": data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
-                   "] fall outside the data section of " + std::to_string(data_bytes) + " bytes (file offset " +
-                   std::to_string(data_start) + "; truncated file?)");
-  }
-  const int64_t elements = std::accumulate(entry.shape.begin(), entry.shape.end(), int64_t{1}, std::multiplies<>());
-  const uint64_t expected = static_cast<uint64_t>(elements) * c10::elementSize(entry.dtype);
-  if (entry.end - entry.begin != expected) {
-    fail(path, where + ": " + std::to_string(entry.end - entry.begin) + " bytes for shape " +
-                   dapo::shape_string(entry.shape) + " of " + entry.dtype_name + ", expected " +
-                   std::to_string(expected));
-  }
-  return entry;
+  throw std::logic_error("safetensors dtype " + name + " has no LibTorch dtype");  // parse_safetensors_header checked
 }
 
 }  // namespace
@@ -102,51 +58,22 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     fail(path, std::string("cannot stat: ") + std::strerror(errno));
   }
   file.size_ = static_cast<std::size_t>(status.st_size);
-  if (file.size_ < 8) {
+  if (file.size_ == 0) {  // mmap refuses an empty file; the header parser names the problem
     ::close(fd);
-    fail(path, "is " + std::to_string(file.size_) + " bytes, too short for the 8-byte header length (truncated?)");
+    parse_safetensors_header({}, path.string());
   }
   void* mapping = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (mapping == MAP_FAILED) fail(path, std::string("cannot mmap: ") + std::strerror(errno));
   file.mapping_ = static_cast<const std::byte*>(mapping);
 
-  uint64_t header_bytes = 0;
-  std::memcpy(&header_bytes, file.mapping_, 8);  // little-endian, as on every platform LibTorch runs on
-  if (header_bytes > kMaxHeaderBytes || header_bytes > file.size_ - 8) {
-    fail(path, "header length " + std::to_string(header_bytes) + " (bytes 0..8) exceeds the file size " +
-                   std::to_string(file.size_) + " or the 100 MB limit (truncated or not a safetensors file?)");
-  }
-  file.data_start_ = 8 + header_bytes;
-  const std::size_t data_bytes = file.size_ - file.data_start_;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(reinterpret_cast<const char*>(file.mapping_) + 8,
-                                   reinterpret_cast<const char*>(file.mapping_) + 8 + header_bytes);
-  } catch (const nlohmann::json::parse_error& error) {
-    fail(path, "header is not valid JSON at byte " + std::to_string(8 + error.byte) + " of the file");
-  }
-  if (!header.is_object()) fail(path, "header is not a JSON object");
-
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, value] : header.items()) {
-    if (name == "__metadata__") {
-      if (!value.is_object()) fail(path, "__metadata__ is not an object");
-      for (const auto& [key, text] : value.items()) {
-        if (!text.is_string()) fail(path, "__metadata__[\"" + key + "\"] is not a string");
-        file.metadata_[key] = text.get<std::string>();
-      }
-      continue;
-    }
-    SafetensorsEntry entry = parse_entry(path, name, value, file.data_start_, data_bytes);
-    ranges.emplace_back(entry.begin, entry.end);
-    file.entries_.push_back(std::move(entry));
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (std::size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) {
-      fail(path, "tensors overlap at data offset " + std::to_string(ranges[i].first));
-    }
+  SafetensorsHeader header = parse_safetensors_header({file.mapping_, file.size_}, path.string());
+  file.data_start_ = header.data_start;
+  file.metadata_ = std::move(header.metadata);
+  for (auto& entry : header.entries) {
+    const torch::ScalarType dtype = dtype_of(entry.dtype_name);
+    file.entries_.push_back(
+        {std::move(entry.name), std::move(entry.dtype_name), dtype, std::move(entry.shape), entry.begin, entry.end});
   }
   return file;
 }

@@ -14,7 +14,9 @@
 #include <stdexcept>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
+#include "qwen_gsm8k/common/json_error.hpp"
 #include "qwen_gsm8k/model/safetensors.hpp"
+#include "qwen_gsm8k/model/safetensors_header.hpp"
 
 namespace qwen {
 namespace {
@@ -41,8 +43,8 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   if (!in) throw std::runtime_error(path.string() + ": cannot open (does it exist and is it readable?)");
   try {
     return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& error) {
-    throw std::runtime_error(path.string() + ": invalid JSON at byte " + std::to_string(error.byte));
+  } catch (const nlohmann::json::exception& error) {
+    throw std::runtime_error(path.string() + ": invalid JSON " + json_error_where(error));
   }
 }
 
@@ -60,22 +62,10 @@ std::map<std::filesystem::path, std::set<std::string>> checkpoint_files(const st
   const auto index_path = dir / kIndexFile;
   if (std::filesystem::exists(index_path)) {
     std::ifstream in(index_path);
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& error) {
-      throw std::runtime_error(index_path.string() + ": invalid JSON at byte " + std::to_string(error.byte));
-    }
-    if (!index.contains("weight_map") || !index.at("weight_map").is_object()) {
-      throw std::runtime_error(index_path.string() + ": no \"weight_map\" object");
-    }
-    for (const auto& [name, file] : index.at("weight_map").items()) {
-      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
-        throw std::runtime_error(index_path.string() + ": weight_map[\"" + name + "\"] is " + file.dump() +
-                                 ", expected a file name in the same directory");
-      }
-      files[dir / file.get<std::string>()].insert(name);
-    }
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) throw std::runtime_error(index_path.string() + ": cannot be read");
+    for (const auto& [name, file] : parse_shard_index(text.str(), index_path.string())) files[dir / file].insert(name);
     return files;
   }
   if (std::filesystem::exists(dir / kSingleFile)) {

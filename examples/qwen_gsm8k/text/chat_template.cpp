@@ -10,6 +10,8 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "qwen_gsm8k/common/json_error.hpp"
+
 namespace qwen {
 namespace {
 
@@ -38,8 +40,8 @@ Json read_json(const fs::path& path) {
   const std::string text = read_text(path);
   try {
     return Json::parse(text);
-  } catch (const Json::parse_error& error) {
-    fail(path, concat("not valid JSON at byte ", error.byte, " of ", text.size(), ": ", error.what()));
+  } catch (const Json::exception& error) {
+    fail(path, concat("not valid JSON ", json_error_where(error), " of ", text.size(), ": ", error.what()));
   }
 }
 
@@ -50,7 +52,7 @@ std::optional<std::string> config_template(const Json& config, const fs::path& p
   if (templates.is_string()) return templates.get<std::string>();
   if (!templates.is_array()) fail(path, "\"chat_template\" must be a string or a list of {\"name\", \"template\"}");
   for (const Json& named : templates) {
-    if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+    if (named.is_object() && named.contains("name") && named.at("name") == "default" && named.contains("template") &&
         named.at("template").is_string()) {
       return named.at("template").get<std::string>();
     }

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "qwen_gsm8k/common/json_error.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "qwen_gsm8k/text/tokenizer_impl.hpp"
 
@@ -40,8 +41,8 @@ json read_json_file(const fs::path& path) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
     return json::parse(text);
-  } catch (const json::parse_error& error) {
-    fail(path, concat("not valid JSON at byte ", error.byte, " of ", text.size(), ": ", error.what()));
+  } catch (const json::exception& error) {
+    fail(path, concat("not valid JSON ", json_error_where(error), " of ", text.size(), ": ", error.what()));
   }
 }
 
@@ -201,7 +202,8 @@ bool Tokenizer::Impl::load_pre_tokenizer_step(const json& step, const fs::path& 
   const std::string type = string_field(step, "type", "pre_tokenizer.type", path);
   if (type == "Split") {
     const json& pattern = require_field(step, "pattern", "pre_tokenizer.pattern", path);
-    const std::string behavior = step.value("behavior", "Isolated");
+    const std::string behavior =
+        step.contains("behavior") ? string_field(step, "behavior", "pre_tokenizer.behavior", path) : "Isolated";
     if (behavior != "Isolated" || bool_field(step, "invert", false, "pre_tokenizer", path)) {
       fail(path, concat("Split pre-tokenizer with behavior \"", behavior,
                         "\" or invert is not supported (supported: Isolated, invert false)"));
@@ -230,7 +232,7 @@ bool Tokenizer::Impl::load_pre_tokenizer_step(const json& step, const fs::path& 
 void Tokenizer::Impl::load_pre_tokenizer(const json& root, const fs::path& path) {
   const json& pre_tokenizer = require_field(root, "pre_tokenizer", "pre_tokenizer", path);
   bool byte_level = false;
-  if (pre_tokenizer.is_object() && pre_tokenizer.value("type", "") == "Sequence") {
+  if (pre_tokenizer.is_object() && pre_tokenizer.contains("type") && pre_tokenizer.at("type") == "Sequence") {
     for (const json& step : require_field(pre_tokenizer, "pretokenizers", "pre_tokenizer.pretokenizers", path)) {
       byte_level = load_pre_tokenizer_step(step, path) || byte_level;
     }
@@ -255,7 +257,8 @@ void Tokenizer::Impl::load_config(const fs::path& path) {
       chat_template = templates.get<std::string>();
     } else if (templates.is_array()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
       for (const json& named : templates) {
-        if (named.is_object() && named.value("name", "") == "default" && named.contains("template")) {
+        if (named.is_object() && named.contains("name") && named.at("name") == "default" &&
+            named.contains("template") && named.at("template").is_string()) {
           chat_template = named.at("template").get<std::string>();
         }
       }

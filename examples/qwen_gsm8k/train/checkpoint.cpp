@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <stdexcept>
+#include <system_error>
 #include <vector>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
@@ -36,7 +37,14 @@ std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const
   }
   const auto partial = root / (kPartialPrefix + name);
   std::filesystem::create_directories(partial);
-  write(partial);
+  try {
+    write(partial);
+  } catch (...) {
+    // A write that failed (a full disk) leaves nothing behind that needs the space; latest is untouched.
+    std::error_code ignored;
+    std::filesystem::remove_all(partial, ignored);
+    throw;
+  }
   for (const auto& entry : std::filesystem::recursive_directory_iterator(partial)) {
     if (entry.is_regular_file()) sync_path(entry.path());
   }

@@ -13,7 +13,8 @@ namespace qwen {
 
 // Writes checkpoint `name` under `root`: write(dir) fills a temporary directory, which is then synced, renamed to
 // root/name and recorded in root/latest; older checkpoints beyond the newest `keep` are deleted (0 keeps all).
-// Returns root/name.
+// Returns root/name. When write throws (a full disk), the temporary directory is removed, latest and every complete
+// checkpoint stay as they were, and the exception propagates.
 std::filesystem::path commit_checkpoint(const std::filesystem::path& root, const std::string& name,
                                         const std::function<void(const std::filesystem::path&)>& write, int64_t keep);
 

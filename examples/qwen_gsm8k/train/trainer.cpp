@@ -154,7 +154,7 @@ void Trainer::evaluate_and_report(bool with_count) {
            format_duration(seconds_since(started)) + ")");
 }
 
-void Trainer::run() {
+RunResult Trainer::run() {
   const auto started = Clock::now();
   // Rank 0 decides (after a resume only it has read the evaluations so far); the others follow.
   if (communicator_->agree(evals_.empty() || evals_.back().at("step") != step_)) evaluate_and_report(true);
@@ -174,6 +174,16 @@ void Trainer::run() {
                   format_duration(per_step * static_cast<double>(options_.total_steps - step_)).c_str());
     if (has_logger(options_.loggers, "console")) progress(line);
     const bool last = step_ == options_.total_steps;
+    // The safe point: the step is complete. Every rank takes part in the sum, so all stop after the same step.
+    const bool asked = stop_requested_ && stop_requested_();
+    if (!last && communicator_->all_reduce_sum({asked ? 1.0 : 0.0})[0] > 0) {
+      RunResult result{.stopped = true, .step = step_, .checkpoint = {}};
+      if (!options_.output_dir.empty() && is_root()) {
+        result.checkpoint = save_checkpoint();
+        write_report();
+      }
+      return result;
+    }
     if (options_.eval_every > 0 && step_ % options_.eval_every == 0 && !last) evaluate_and_report(false);
     if (options_.save_every > 0 && step_ % options_.save_every == 0 && !last && !options_.output_dir.empty() &&
         is_root()) {
@@ -185,6 +195,7 @@ void Trainer::run() {
     save_checkpoint();
     write_report();
   }
+  return {.stopped = false, .step = step_, .checkpoint = {}};
 }
 
 void Trainer::write_report() const {

@@ -5,7 +5,7 @@
 // Also: evaluation, the metrics (verl's names; metrics.jsonl, TensorBoard, rollouts/ samples: logging/), checkpoints
 // and resume, the report (rewritten at every evaluation). The pieces: train_options.hpp
 // (settings), trainer_rollouts.cpp (the step's rollouts), batch.hpp (tensors), update.hpp (the policy update),
-// trainer_state.cpp (checkpoints), lr_schedule.hpp.
+// trainer_state.cpp (checkpoints; trainer_state_file.hpp reads and writes trainer_state.json), lr_schedule.hpp.
 #pragma once
 
 #include <torch/torch.h>
@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,14 @@ struct EvalResult {
   nlohmann::json to_json() const;
 };
 
+// How Trainer::run ended.
+struct RunResult {
+  bool stopped = false;  // on the stop request (set_stop_request), before total_steps
+  int64_t step = 0;      // steps completed
+  // The checkpoint written at the stop; empty when the run was not stopped, has no output_dir, or on ranks but 0.
+  std::filesystem::path checkpoint;
+};
+
 // Data parallel (a communicator of more than one rank; see docs/distributed.md): every rank holds the whole model and
 // the same data order. Each generation round, rank r samples its contiguous share of the round's prompts; the groups
 // are then all-gathered, so every rank holds the same global round and makes the same dynamic-sampling decision
@@ -55,11 +64,23 @@ class Trainer {
   // Greedy accuracy on the first eval_problems test problems (and pass@k); appended to eval.jsonl.
   EvalResult evaluate();
   // Runs to total_steps: evaluations (each rewrites the report), checkpoints, progress lines, the report at the end.
-  void run();
+  // Or, on the stop request, stops after a step: see set_stop_request.
+  RunResult run();
+
+  // Lets run() end early at a safe point (a preempted job: the train and demo commands pass a SIGTERM / SIGINT flag,
+  // common/stop_request.hpp). `requested` is polled after each step but the last; once it is true on any rank, every
+  // rank stops after that same step (the flags are summed over the ranks, so no rank waits alone in a collective):
+  // no evaluation, rank 0 writes a checkpoint (when there is an output_dir) and the report, and run() returns with
+  // stopped set. A step under way always finishes. Without it (the default), run() always reaches total_steps.
+  // Every rank must call it, or none.
+  void set_stop_request(std::function<bool()> requested) { stop_requested_ = std::move(requested); }
 
   // Checkpoint of everything a resume needs, in output_dir/checkpoints/step-NNNNNN (atomic); returns its path.
   std::filesystem::path save_checkpoint();
-  // Continues from a checkpoint directory written by save_checkpoint (same options and data).
+  // Continues from a checkpoint directory written by save_checkpoint (same options and data), or from the one
+  // `checkpoint`/latest names. Everything is read and checked before anything changes: a damaged or truncated file
+  // throws std::runtime_error naming it, and the output directory is left as it was (the model's weights may then be
+  // partly loaded). Only then are metrics.jsonl and eval.jsonl cut back to the checkpoint's rows.
   void resume(const std::filesystem::path& checkpoint);
 
   int64_t step_index() const { return step_; }
@@ -92,6 +113,7 @@ class Trainer {
   std::vector<nlohmann::json> metrics_, evals_;
   std::shared_ptr<Communicator> communicator_;
   MetricLog metric_log_;
+  std::function<bool()> stop_requested_;
 };
 
 }  // namespace qwen

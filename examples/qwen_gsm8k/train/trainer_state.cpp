@@ -7,13 +7,19 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
 #include <stdexcept>
+#include <system_error>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/common/json_lines.hpp"
+#include "qwen_gsm8k/common/zip_check.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/checkpoint.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
+#include "qwen_gsm8k/train/trainer_state_file.hpp"
 
 namespace qwen {
 namespace {
@@ -32,6 +38,44 @@ std::string seconds_text(std::chrono::steady_clock::time_point since) {
   return text;
 }
 
+// LibTorch's message without the C++ backtrace that 1.x appends.
+std::string torch_message(const c10::Error& error) {
+  std::string text = error.what_without_backtrace();
+  const auto line_end = text.find('\n');
+  return line_end == std::string::npos ? text : text.substr(0, line_end);
+}
+
+std::string read_checkpoint_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (!in.is_open() || in.bad()) {
+    throw std::runtime_error(path.string() + ": cannot be read (a damaged checkpoint? resume from an earlier one)");
+  }
+  return text;
+}
+
+// The optimizer state of `archive_path` loaded into a new AdamW over `parameters` with `defaults` (the trainer's
+// optimizer is replaced only once everything else has loaded too).
+std::unique_ptr<torch::optim::AdamW> load_optimizer(const std::filesystem::path& archive_path,
+                                                    const std::vector<torch::Tensor>& parameters,
+                                                    const torch::optim::AdamWOptions& defaults) {
+  // LibTorch 1.13 does not check the archive's CRCs: overwritten bytes would load as garbage moments.
+  if (const auto problem = zip_archive_problem(archive_path)) {
+    throw std::runtime_error(archive_path.string() + ": cannot be read (" + *problem +
+                             "); damaged checkpoint? resume from an earlier one");
+  }
+  auto optimizer = std::make_unique<torch::optim::AdamW>(parameters, defaults);
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(archive_path.string());
+    optimizer->load(archive);
+  } catch (const c10::Error& error) {
+    throw std::runtime_error(archive_path.string() + ": cannot be read (" + torch_message(error) +
+                             "); damaged checkpoint? resume from an earlier one");
+  }
+  return optimizer;
+}
+
 }  // namespace
 
 std::filesystem::path Trainer::save_checkpoint() {
@@ -46,78 +90,119 @@ std::filesystem::path Trainer::save_checkpoint() {
   const SaveOptions save{.max_shard_bytes = options_.max_shard_bytes,
                          .source_dir = options_.model_dir,
                          .progress = [&](const std::string& line) { progress(label + line); }};
-  const auto checkpoint = commit_checkpoint(
-      options_.output_dir / "checkpoints", name,
-      [&](const std::filesystem::path& dir) {
-        save_model(model_, dir, save);
-        progress(label + "writing optimizer state...");
-        torch::serialize::OutputArchive archive;
-        optimizer_->save(archive);
-        archive.save_to((dir / "optimizer.pt").string());
-        if (!options_.model_dir.empty()) {
-          for (const char* file : kTokenizerFiles) {
-            if (std::filesystem::exists(options_.model_dir / file)) {
-              std::filesystem::copy_file(options_.model_dir / file, dir / file);
+  std::filesystem::path checkpoint;
+  try {
+    checkpoint = commit_checkpoint(
+        options_.output_dir / "checkpoints", name,
+        [&](const std::filesystem::path& dir) {
+          save_model(model_, dir, save);
+          progress(label + "writing optimizer state...");
+          const auto optimizer_path = dir / "optimizer.pt";
+          write_file_atomically(optimizer_path, [&](std::ostream& out) {
+            try {
+              torch::serialize::OutputArchive archive;
+              optimizer_->save(archive);
+              archive.save_to(out);
+            } catch (const c10::Error& error) {
+              throw std::runtime_error(optimizer_path.string() + ": cannot write the optimizer state (" +
+                                       torch_message(error) + ")");
+            }
+          });
+          if (!options_.model_dir.empty()) {
+            for (const char* file : kTokenizerFiles) {
+              const auto source = options_.model_dir / file;
+              if (!std::filesystem::exists(source)) continue;
+              std::error_code error;
+              std::filesystem::copy_file(source, dir / file, error);
+              if (error) {
+                throw std::runtime_error((dir / file).string() + ": cannot copy " + source.string() + " there (" +
+                                         error.message() + "; disk full?)");
+              }
             }
           }
-        }
-        const nlohmann::json state{{"step", step_},
-                                   {"updates", updates_},
-                                   {"sampler", sampler_.state()},
-                                   {"options", options_.to_json()},
-                                   {"metrics_rows", metrics_.size()},
-                                   {"eval_rows", evals_.size()}};
-        write_file_atomically(dir / "trainer_state.json", state.dump(2) + "\n");
-      },
-      options_.keep_checkpoints);
+          const TrainerStateFile state{.step = step_,
+                                       .updates = updates_,
+                                       .sampler = sampler_.state(),
+                                       .options = options_.to_json(),
+                                       .metrics_rows = metrics_.size(),
+                                       .eval_rows = evals_.size()};
+          write_file_atomically(dir / "trainer_state.json", to_json(state).dump(2) + "\n");
+        },
+        options_.keep_checkpoints);
+  } catch (const std::exception& error) {
+    // commit_checkpoint removed the partial directory; latest still names the previous checkpoint.
+    throw std::runtime_error(label + "not saved (latest still names the previous checkpoint): " + error.what());
+  }
   progress(label + "saved in " + seconds_text(started) + " (" + checkpoint.string() + ")");
   return checkpoint;
 }
 
 void Trainer::resume(const std::filesystem::path& checkpoint) {
+  // Everything is read and checked first, files of the run are touched last: a damaged checkpoint fails naming the
+  // file at fault and leaves the output directory exactly as it was.
   const auto dir = find_checkpoint(checkpoint);
   if (!dir) throw std::runtime_error(checkpoint.string() + ": no checkpoint (no trainer_state.json and no latest)");
-  std::ifstream in(*dir / "trainer_state.json");
-  const nlohmann::json state = nlohmann::json::parse(in);
-  const nlohmann::json saved_options = state.at("options");
+  const auto state_path = *dir / "trainer_state.json";
+  const TrainerStateFile state = parse_trainer_state(read_checkpoint_file(state_path), state_path.string());
   nlohmann::json current = options_.to_json();
   for (const char* volatile_key : {"total_steps", "eval_every", "save_every"}) {  // may change on resume
     current.erase(volatile_key);
   }
   for (const auto& [key, value] : current.items()) {
-    if (saved_options.contains(key) && saved_options.at(key) != value) {
-      throw std::invalid_argument((*dir / "trainer_state.json").string() + ": option " + key + " was " +
-                                  saved_options.at(key).dump() + " in the checkpointed run but is " + value.dump() +
+    if (state.options.contains(key) && state.options.at(key) != value) {
+      throw std::invalid_argument(state_path.string() + ": option " + key + " was " + state.options.at(key).dump() +
+                                  " in the checkpointed run but is " + value.dump() +
                                   " now; resume with the same settings");
     }
   }
+  // The data must be the run's: its size first, before from_state builds an order of `count` indices.
+  const auto count = state.sampler.find("count");
+  if (count != state.sampler.end() && count->is_number_unsigned() && *count != train_.size()) {
+    throw std::invalid_argument(state_path.string() + ": the checkpointed run drew from " + count->dump() +
+                                " training problems, this one has " + std::to_string(train_.size()) +
+                                "; resume with the same --train data");
+  }
+  std::optional<ProblemSampler> sampler;
+  try {
+    sampler = ProblemSampler::from_state(state.sampler);
+  } catch (const std::invalid_argument& error) {
+    throw std::runtime_error(state_path.string() + ": field \"sampler\": " + error.what());
+  }
+  // The rows the checkpointed run had written (those of steps after it are dropped at the end).
+  std::vector<nlohmann::json> metrics, evals;
+  bool metrics_cut = false, evals_cut = false;
+  if (!options_.output_dir.empty() && is_root()) {
+    const auto kept_rows = [&](const char* file, std::size_t keep, std::vector<nlohmann::json>& into, bool& cut) {
+      const auto path = options_.output_dir / file;
+      if (!std::filesystem::exists(path)) return;
+      into = read_json_lines(path);
+      cut = into.size() > keep;
+      if (cut) into.resize(keep);
+    };
+    kept_rows("metrics.jsonl", state.metrics_rows, metrics, metrics_cut);
+    kept_rows("eval.jsonl", state.eval_rows, evals, evals_cut);
+  }
   const std::string label = "resume from " + dir->filename().string() + ": ";
+  auto optimizer = load_optimizer(*dir / "optimizer.pt", model_->parameters(),
+                                  static_cast<const torch::optim::AdamWOptions&>(optimizer_->defaults()));
   LoadOptions load;
   if (is_root()) load.progress = [&](const std::string& line) { progress(label + line); };
   load_weights(model_, *dir, load);
-  torch::serialize::InputArchive archive;
-  archive.load_from((*dir / "optimizer.pt").string());
-  optimizer_->load(archive);
-  step_ = state.at("step");
-  updates_ = state.at("updates");
-  sampler_ = ProblemSampler::from_state(state.at("sampler"));
-  // Keep the rows the checkpointed run had written; drop those of steps after it.
-  metrics_.clear();
-  evals_.clear();
-  if (!options_.output_dir.empty() && is_root()) {
-    const auto rows = [&](const char* file, std::size_t keep, std::vector<nlohmann::json>& into) {
-      const auto path = options_.output_dir / file;
-      if (!std::filesystem::exists(path)) return;
-      auto all = read_json_lines(path);
-      if (all.size() > keep) all.resize(keep);
-      into = all;
-      std::string text;
-      for (const auto& row : into) text += row.dump() + "\n";
-      write_file_atomically(path, text);
-    };
-    rows("metrics.jsonl", state.at("metrics_rows").get<std::size_t>(), metrics_);
-    rows("eval.jsonl", state.at("eval_rows").get<std::size_t>(), evals_);
-  }
+
+  // All loaded: now the trainer and the run's files change.
+  optimizer_ = std::move(optimizer);
+  step_ = state.step;
+  updates_ = state.updates;
+  sampler_ = std::move(*sampler);
+  metrics_ = std::move(metrics);
+  evals_ = std::move(evals);
+  const auto rewrite = [&](const char* file, const std::vector<nlohmann::json>& rows) {
+    std::string text;
+    for (const auto& row : rows) text += row.dump() + "\n";
+    write_file_atomically(options_.output_dir / file, text);
+  };
+  if (metrics_cut) rewrite("metrics.jsonl", metrics_);
+  if (evals_cut) rewrite("eval.jsonl", evals_);
 }
 
 }  // namespace qwen
