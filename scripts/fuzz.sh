@@ -31,6 +31,7 @@ export DAPO_SHARED_DIR=$shared  # the text targets encode with the Qwen2.5 token
 # One target: its new inputs go to $build_dir/corpus/<target> (kept between runs), its findings to findings/<target>/.
 run_target() {
   local target=$1 work=$build_dir/corpus/$1 findings=$build_dir/findings/$1
+  rm -rf "$findings"  # this run's findings only
   mkdir -p "$work" "$findings" "$seeds/$target"
   "$build_dir/tests/fuzz/${target}_fuzz" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings/" "$work" "tests/fuzz/corpus/$target" "$seeds/$target" \
@@ -57,7 +58,7 @@ report=$build_dir/fuzz-report.md
     if grep -q '^Done [0-9]* runs' "$log" && ! ls "$build_dir/findings/$target"/* > /dev/null 2>&1; then
       result="0 crashes, 0 hangs, 0 sanitizer reports"
     else
-      result="FINDING: $(grep -m1 -E 'ERROR: |FINDING: |==ERROR|runtime error' "$log" | cut -c1-120) (see $log)"
+      result="FINDING: $({ grep -m1 -E 'ERROR: |FINDING: |==ERROR|runtime error' "$log" || true; } | cut -c1-120) (see $log)"
       failed=1
     fi
     echo "| $target | $seconds | ${executions:-?} | $corpus | $result |"
