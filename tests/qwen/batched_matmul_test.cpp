@@ -96,6 +96,25 @@ TEST_CASE("grouped_matmul reads shared key/value heads in place and gives matmul
   torch::NoGradGuard no_grad;
   CHECK(bitwise_equal(qwen::grouped_matmul(query, keys, true), torch::matmul(query, repeated.transpose(2, 3))));
   CHECK(bitwise_equal(qwen::grouped_matmul(weights, keys, false), torch::matmul(weights, repeated)));
+  // Every cache length a decode step meets here, 1 to 256, with 2 and 4 query heads per shared head: the heads of a
+  // group share one sgemm call (batched_matmul.cpp), and must keep the bits of one call per head.
+  for (const int64_t groups : {2, 4}) {
+    const torch::Tensor long_cache = torch::randn({3, 2, 256, 16});
+    const torch::Tensor query_rows = torch::randn({3, 1, 2 * groups, 16}).transpose(1, 2);  // as q_proj's view gives
+    for (int64_t length = 1; length <= 256; ++length) {
+      CAPTURE(groups);
+      CAPTURE(length);
+      const torch::Tensor shared = long_cache.narrow(2, 0, length);
+      const torch::Tensor copies = qwen::repeat_kv(shared, groups);
+      const torch::Tensor row_weights = torch::randn({3, 2 * groups, 1, length}).softmax(-1);
+      const bool scores = bitwise_equal(qwen::grouped_matmul(query_rows, shared, true),
+                                        torch::matmul(query_rows, copies.transpose(2, 3)));
+      const bool attended =
+          bitwise_equal(qwen::grouped_matmul(row_weights, shared, false), torch::matmul(row_weights, copies));
+      REQUIRE(scores);
+      REQUIRE(attended);
+    }
+  }
   // A prefill's many query rows; shared heads in a permuted layout (made contiguous first, as repeat_kv's copy is).
   const torch::Tensor permuted = torch::randn({3, 30, 2, 16}).transpose(1, 2);
   const torch::Tensor queries = torch::randn({3, 4, 30, 16});

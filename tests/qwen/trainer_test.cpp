@@ -351,3 +351,58 @@ TEST_CASE("a non-finite gradient skips its update: weights and AdamW state untou
   CHECK(std::isfinite(poisoned.grad_norm));
   CHECK(std::isfinite(poisoned.clip_fraction));
 }
+
+TEST_CASE("the first update's forward gives its mini-batch's old log-probs: bitwise those of a forward without grad") {
+  // Grouped-query attention, rows of different lengths (padding), two mini-batches of two micro-batches, two epochs:
+  // the first mini-batch's old log-probs and entropy come from its first update, the second's from the pass before.
+  const qwen::Config config = dapo::test::tiny_qwen_config(48, 32, 4, 2, 2);
+  torch::manual_seed(11);
+  qwen::Qwen2ForCausalLM model(config);
+  qwen::initialize_weights(model, 0.2);
+  std::vector<qwen::BatchRow> rows;
+  for (int64_t r = 0; r < 8; ++r) {
+    std::vector<int64_t> tokens;
+    for (int64_t t = 0; t < 9 + (r * 5) % 7; ++t) tokens.push_back((r * 13 + t * 7) % 47 + 1);
+    rows.push_back({tokens, 4 + r % 3, true});
+  }
+  qwen::TrainOptions options;
+  options.ppo_mini_batch_size = 2;  // groups of 2 responses: two mini-batches of two groups
+  options.ppo_micro_batch_size = 1;
+  options.ppo_epochs = 2;
+  options.lr = 1e-2;
+  qwen::TrainBatch batch{
+      qwen::pad_rows(rows, 0), torch::tensor({1.0f, -1.0f, 0.5f, -0.5f, 2.0f, -2.0f, 1.5f, -1.5f}), {}, 4, 2};
+
+  // What the no-grad pass over every micro-batch gives before any update: the old log-probs and their entropy.
+  const auto communicator = qwen::Communicator::create({}, torch::kCPU);
+  const auto plan = qwen::plan_mini_batches(batch, 2, 1, 0, 2);
+  REQUIRE(plan.size() == 2);
+  torch::Tensor expected = torch::zeros(batch.padded.loss_mask.sizes(), torch::kFloat32);
+  double entropy = 0.0;
+  {
+    const torch::NoGradGuard no_grad;
+    for (const auto& mini : plan) {
+      for (const auto& micro : mini.micro_batches) {
+        const auto slice = [&](const torch::Tensor& tensor, int64_t columns) {
+          return tensor.narrow(0, micro.first_row, micro.rows).narrow(1, 0, columns);
+        };
+        expected.narrow(0, micro.first_row, micro.rows)
+            .narrow(1, 0, micro.length - 1)
+            .copy_(qwen::response_logprobs(model, slice(batch.padded.input_ids, micro.length),
+                                           slice(batch.padded.attention_mask, micro.length),
+                                           slice(batch.padded.loss_mask, micro.length - 1), {}, &entropy));
+      }
+    }
+  }
+
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
+  qwen::PolicyUpdate update{model, optimizer, *communicator, options};
+  int64_t updates = 0;
+  const qwen::UpdateMetrics metrics = update.run(batch, updates);
+  REQUIRE(updates == 4);
+  CHECK(torch::equal(batch.old_logp, expected));
+  CHECK(batch.old_logp.narrow(0, 0, 4).abs().sum().item<double>() > 0);  // the first mini-batch's were written
+  CHECK(metrics.entropy == entropy / batch.padded.loss_mask.sum().item<double>());
+  CHECK(metrics.clip_fraction_by_update.at(0) == 0.0);
+  CHECK(metrics.clip_fraction_by_update.at(2) > 0.0);  // the later updates are off-policy: the clip acts
+}

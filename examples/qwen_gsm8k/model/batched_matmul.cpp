@@ -9,7 +9,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <random>
+#include <tuple>
 #include <vector>
 
 namespace qwen {
@@ -109,6 +114,31 @@ std::optional<Plan> plan_products(const torch::Tensor& a, const Layout& a_layout
   return plan;
 }
 
+// Whether sgemm gives the same bits for op(A) [m, k] times two columns in one call as in two calls of one column
+// (transb 'n'), for this shape: computed once per shape on fixed pseudo-random operands, then remembered.
+bool two_columns_exact(Sgemm sgemm, char transa, int m, int k) {
+  static std::mutex mutex;
+  static std::map<std::tuple<char, int, int>, bool> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto [entry, added] = known.try_emplace({transa, m, k}, false);
+  if (!added) return entry->second;
+  std::mt19937 generator(static_cast<unsigned>(m) * 7919u + static_cast<unsigned>(k));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto size = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
+  std::vector<float> a(size), b(2 * static_cast<std::size_t>(k)), separate(2 * static_cast<std::size_t>(m)),
+      together(separate.size());
+  for (float& value : a) value = normal(generator);
+  for (float& value : b) value = normal(generator);
+  const char transb = 'n';
+  const int lda = transa == 'n' ? m : k, one = 1, two = 2;
+  const float alpha = 1.0f, beta = 0.0f;
+  sgemm(&transa, &transb, &m, &one, &k, &alpha, a.data(), &lda, b.data(), &k, &beta, separate.data(), &m);
+  sgemm(&transa, &transb, &m, &one, &k, &alpha, a.data(), &lda, b.data() + k, &k, &beta, separate.data() + m, &m);
+  sgemm(&transa, &transb, &m, &two, &k, &alpha, a.data(), &lda, b.data(), &k, &beta, together.data(), &m);
+  entry->second = std::memcmp(separate.data(), together.data(), separate.size() * sizeof(float)) == 0;
+  return entry->second;
+}
+
 bool cpu_float(const torch::Tensor& tensor) {
   return tensor.device().is_cpu() && tensor.scalar_type() == torch::kFloat32 && !tensor.is_conj() && !tensor.is_neg();
 }
@@ -132,16 +162,31 @@ std::optional<torch::Tensor> direct_products(const torch::Tensor& a, const torch
   torch::Tensor result = torch::empty({count, rows, cols}, a.options());
   float* out = result.data_ptr<float>();
   const Plan p = *plan;
-  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-  const int lda = static_cast<int>(p.first.ld), ldb = static_cast<int>(p.second.ld), ldc = static_cast<int>(p.ldc);
+  const int m = static_cast<int>(p.m), k = static_cast<int>(p.k);
+  const int lda = static_cast<int>(p.first.ld), ldc = static_cast<int>(p.ldc);
   const float alpha = 1.0f, beta = 0.0f;
   const int64_t work = rows * cols * inner;
+  // A decode step's products (one query row per matrix) over shared heads: two query heads of a key/value head are
+  // one sgemm with two columns instead of two calls with one (their query rows, and their results, lie at a constant
+  // stride). Each column is the same dot products; whether the kernels OpenBLAS picks for the shape give the same
+  // bits is probed once per shape (two_columns_exact), as the tests check for every cache length up to 256. Not four
+  // columns: OpenBLAS's Haswell kernels round some of those differently. Kept to products too small for OpenBLAS's
+  // threads, which could split two columns differently.
+  const bool merge = b_layout.groups % 2 == 0 && rows == 1 && cols != 1 && p.n == 1 && !p.second.transposed &&
+                     !p.second.copied && a.stride(0) >= p.k && a.stride(0) <= INT_MAX && work * 2 < (1 << 18) &&
+                     two_columns_exact(sgemm, p.transa, m, k);
+  const int64_t step = merge ? 2 : 1;  // matrices per call: a pair starts at an even head, both in one group
+  const int n = merge ? 2 : static_cast<int>(p.n);
+  const int ldb = merge ? static_cast<int>(a.stride(0)) : static_cast<int>(p.second.ld);
+  const int ldc_call = merge ? static_cast<int>(cols) : ldc;
   // Small products in parallel over the batch; large ones (where OpenBLAS uses its own threads) one at a time.
-  const int64_t grain = work >= (1 << 18) ? count : std::max<int64_t>(1, (1 << 15) / work);
-  at::parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+  const int64_t calls = count / step;
+  const int64_t grain = work >= (1 << 18) ? calls : std::max<int64_t>(1, (1 << 15) / (work * step));
+  at::parallel_for(0, calls, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t i = c * step;
       sgemm(&p.transa, &p.transb, &m, &n, &k, &alpha, p.first.data + p.first.layout.offset(i), &lda,
-            p.second.data + p.second.layout.offset(i), &ldb, &beta, out + i * rows * cols, &ldc);
+            p.second.data + p.second.layout.offset(i), &ldb, &beta, out + i * rows * cols, &ldc_call);
     }
   });
   return result;

@@ -27,8 +27,9 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups);
 
 // Attention's products with grouped-query heads: a [B, N, M, K] times each of its heads' shared key/value head,
 // `shared` [B, KV, S, D] (query head h reads head h / (N / KV)), transposed ([.., D, S]: scores = q k^T) or not
-// (weights v): bitwise torch::matmul(a, repeat_kv(shared)[^T]). Without gradients it reads the shared heads in place;
-// with them it makes repeat_kv's copy, whose backward sums each group's gradients.
+// (weights v): bitwise torch::matmul(a, repeat_kv(shared)[^T]). Without gradients it reads the shared heads in place
+// (and, for one query row per head, multiplies two heads of a group in one sgemm call where that is checked to give
+// the same bits); with them it makes repeat_kv's copy, whose backward sums each group's gradients.
 torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& shared, bool transpose_shared);
 
 // Whether batched_matmul can take the direct path in this process (a BLAS sgemm_ is loaded).

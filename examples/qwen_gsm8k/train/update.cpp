@@ -15,6 +15,9 @@ struct PolicyUpdate::Sums {
   double dual_clipped = 0, kl = 0, loss = 0, grad_norm = 0, entropy = 0, lr = 0;
   int64_t skipped = 0;                                      // updates whose gradient norm was not finite
   std::vector<double> clipped_by_update, tokens_by_update;  // clipped tokens and all tokens, per update
+  // The entropy of each micro-batch under the old policy, in plan order (the first mini-batch's come from its first
+  // update), added up in that order into `entropy`.
+  std::vector<std::vector<double>> entropy_by_micro_batch;
 };
 
 std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_groups, int64_t micro_groups,
@@ -42,27 +45,34 @@ LogprobOptions PolicyUpdate::logprob_options() const {
           .autocast = options.autocast};
 }
 
-// Without grad, on the same micro-batch slices the updates use, so that the first update's ratio is exactly 1.
+// Without grad, on the same micro-batch slices the updates use, for every mini-batch but the first: nothing has
+// changed the weights before the first update, so its own forward gives those log-probs (update_mini_batch). The
+// forward with and without grad is the same arithmetic (the tests check the log-probs are bitwise equal), so the
+// first update's ratio is exactly 1 either way; this saves one forward of every step's batch.
 void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, Sums& sums) {
   // linear_logprobs computes in float32 for float32 and half-precision weights, in float64 for float64 ones.
   const bool float64 = model->lm_head_weight().scalar_type() == torch::kFloat64;
   const PaddedBatch& padded = batch.padded;
   batch.old_logp = torch::zeros(padded.loss_mask.sizes(), float64 ? torch::kFloat64 : torch::kFloat32);
+  sums.entropy_by_micro_batch.assign(plan.size(), {});
   torch::NoGradGuard no_grad;
-  for (const MiniBatch& mini : plan) {
-    for (const MicroBatch& micro : mini.micro_batches) {
+  for (std::size_t m = 1; m < plan.size(); ++m) {
+    for (const MicroBatch& micro : plan[m].micro_batches) {
+      double entropy = 0.0;
       const torch::Tensor logp =
           response_logprobs(model, padded.input_ids.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length),
                             padded.attention_mask.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length),
                             padded.loss_mask.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length - 1),
-                            logprob_options(), &sums.entropy);
+                            logprob_options(), &entropy);
       batch.old_logp.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length - 1).copy_(logp.cpu());
+      sums.entropy_by_micro_batch[m].push_back(entropy);
     }
   }
 }
 
-// One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step.
-void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& mini, double lr, Sums& sums) {
+// One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step. The step's
+// first update (`first`) also records its forward's log-probs as the mini-batch's old ones, and their entropy.
+void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums) {
   const PaddedBatch& padded = batch.padded;
   dapo::PolicyLossOptions loss_options = options.loss;
   loss_options.group_size = batch.group_size;
@@ -76,12 +86,18 @@ void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& m
   for (const MicroBatch& micro : mini.micro_batches) {
     const auto rows = [&](const torch::Tensor& tensor) { return tensor.narrow(0, micro.first_row, micro.rows); };
     const torch::Tensor mask = rows(padded.loss_mask).narrow(1, 0, micro.length - 1);
-    const torch::Tensor logp =
-        response_logprobs(model, rows(padded.input_ids).narrow(1, 0, micro.length),
-                          rows(padded.attention_mask).narrow(1, 0, micro.length), mask, logprob_options());
+    double entropy = 0.0;
+    const torch::Tensor logp = response_logprobs(model, rows(padded.input_ids).narrow(1, 0, micro.length),
+                                                 rows(padded.attention_mask).narrow(1, 0, micro.length), mask,
+                                                 logprob_options(), first ? &entropy : nullptr);
+    const torch::Tensor old_logp = rows(batch.old_logp).narrow(1, 0, micro.length - 1);
+    if (first) {
+      old_logp.copy_(logp.detach().cpu());
+      sums.entropy_by_micro_batch.front().push_back(entropy);
+    }
     const auto device = logp.device();
-    const auto out = dapo::policy_loss(logp, rows(batch.old_logp).narrow(1, 0, micro.length - 1).to(device),
-                                       rows(batch.advantages).to(device), mask.to(device), share_options);
+    const auto out =
+        dapo::policy_loss(logp, old_logp.to(device), rows(batch.advantages).to(device), mask.to(device), share_options);
     out.loss.backward();
     const double micro_tokens = mask.sum().item<double>();
     loss += out.loss.item<double>();
@@ -112,6 +128,9 @@ void PolicyUpdate::update_mini_batch(const TrainBatch& batch, const MiniBatch& m
 }
 
 UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
+  for (const auto& mini : sums.entropy_by_micro_batch) {
+    for (const double entropy : mini) sums.entropy += entropy;
+  }
   std::vector<double> totals{sums.dual_clipped, sums.kl, sums.loss, sums.entropy};
   totals.insert(totals.end(), sums.clipped_by_update.begin(), sums.clipped_by_update.end());
   totals = communicator.all_reduce_sum(totals);
@@ -151,7 +170,9 @@ UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
   compute_old_logprobs(batch, plan, sums);
   const LrSchedule schedule = options.lr_schedule();
   for (int64_t epoch = 0; epoch < options.ppo_epochs; ++epoch) {
-    for (const MiniBatch& mini : plan) update_mini_batch(batch, mini, learning_rate(schedule, updates++), sums);
+    for (std::size_t m = 0; m < plan.size(); ++m) {
+      update_mini_batch(batch, plan[m], learning_rate(schedule, updates++), epoch == 0 && m == 0, sums);
+    }
   }
   UpdateMetrics metrics = reduce(batch, sums);
   metrics.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

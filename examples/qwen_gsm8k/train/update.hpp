@@ -1,8 +1,10 @@
 // The policy update of one DAPO step, as verl's actor runs it: old log-probs from the training forward (no grad), then
 // ppo_epochs passes over the mini-batches of whole groups, one AdamW update each, so that every update after the first
-// is off-policy and the decoupled clip acts. A mini-batch's gradient accumulates over micro-batches, each loss its
-// exact share of the mini-batch's loss (dapo::micro_batch_options); data-parallel ranks each take a contiguous share of
-// every mini-batch's groups and sum their gradients, which gives the single-process gradient.
+// is off-policy and the decoupled clip acts. The first mini-batch's old log-probs come from its first update's forward
+// (as TRL takes them when the update is on-policy): the same numbers, one forward fewer. A mini-batch's gradient
+// accumulates over micro-batches, each loss its exact share of the mini-batch's loss (dapo::micro_batch_options);
+// data-parallel ranks each take a contiguous share of every mini-batch's groups and sum their gradients, which gives
+// the single-process gradient.
 //
 // Shapes: B = rows of the step's batch (groups * group_size), L = its longest row; see batch.hpp.
 #pragma once
@@ -45,7 +47,7 @@ struct UpdateMetrics {
   double grad_norm = 0.0;                         // mean over applied updates, before clipping
   int64_t skipped_updates = 0;                    // updates skipped for a non-finite gradient norm (weights untouched)
   double lr = 0.0;                                // of the last update
-  double seconds = 0.0, tokens_per_second = 0.0;  // forward + backward tokens (old log-probs included)
+  double seconds = 0.0, tokens_per_second = 0.0;  // the batch's tokens x (ppo_epochs + 1) passes, per second
 };
 
 struct PolicyUpdate {
@@ -61,7 +63,7 @@ struct PolicyUpdate {
   struct Sums;
   LogprobOptions logprob_options() const;
   void compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, Sums& sums);
-  void update_mini_batch(const TrainBatch& batch, const MiniBatch& mini, double lr, Sums& sums);
+  void update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums);
   UpdateMetrics reduce(const TrainBatch& batch, Sums& sums) const;
 };
 
