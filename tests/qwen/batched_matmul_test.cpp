@@ -96,8 +96,8 @@ TEST_CASE("grouped_matmul reads shared key/value heads in place and gives matmul
   torch::NoGradGuard no_grad;
   CHECK(bitwise_equal(qwen::grouped_matmul(query, keys, true), torch::matmul(query, repeated.transpose(2, 3))));
   CHECK(bitwise_equal(qwen::grouped_matmul(weights, keys, false), torch::matmul(weights, repeated)));
-  // Every cache length a decode step meets here, 1 to 256, with 2 and 4 query heads per shared head: the heads of a
-  // group share one sgemm call (batched_matmul.cpp), and must keep the bits of one call per head.
+  // Every cache length a decode step meets here, 1 to 256, with 2 and 4 query heads per shared head: each pair of heads
+  // of a group shares one sgemm call (batched_matmul.cpp), and must keep the bits of one call per head.
   for (const int64_t groups : {2, 4}) {
     const torch::Tensor long_cache = torch::randn({3, 2, 256, 16});
     const torch::Tensor query_rows = torch::randn({3, 1, 2 * groups, 16}).transpose(1, 2);  // as q_proj's view gives
