@@ -104,8 +104,10 @@ class Qwen2ForCausalLMImpl : public torch::nn::Module {
   // Logits [B, T, V] in the weights' dtype; arguments as Qwen2Model::forward.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         const torch::Tensor& position_ids, KVCache* cache = nullptr);
-  // Logits [B, V] of the last position only, bitwise forward(...).select(1, -1) without the lm-head product over the
-  // other positions (a prefill's T x V products, of which generation reads one row).
+  // Logits [B, V] of the last position only: forward(...).select(1, -1) without the lm-head product over the other
+  // positions (a prefill's T x V products, of which generation reads one row). The hidden states are the same bits;
+  // the lm-head product has B rows instead of B x T, which BLAS may sum in another order (OpenBLAS's Haswell kernels
+  // do), so the logits agree within float32 rounding, not always bit for bit.
   torch::Tensor last_logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                             const torch::Tensor& position_ids, KVCache* cache = nullptr);
   // The last hidden states [B, T, H] (for chunked log-probs: dapo::linear_logprobs with lm_head_weight()).
