@@ -17,6 +17,7 @@
 
 #include "dapo/core/logprob.hpp"
 #include "dapo/detail/aten_kernels.hpp"
+#include "dapo/detail/autograd_node.hpp"
 #include "dapo/detail/tensor_checks.hpp"
 
 namespace dapo {
@@ -195,7 +196,7 @@ inline LinearLogprobOutput linear_logprobs_forward(const torch::Tensor& hidden, 
     if (options.with_entropy) entropy = lse - mean;
   }
   if (torch::autograd::compute_requires_grad(hidden, weight)) {
-    const std::shared_ptr<LinearLogprobBackward> node(new LinearLogprobBackward(), torch::autograd::deleteNode);
+    const auto node = detail::make_autograd_node<LinearLogprobBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(hidden, weight));
     node->hidden_ = torch::autograd::SavedVariable(hidden, /*is_output=*/false);
     node->weight_ = torch::autograd::SavedVariable(weight, /*is_output=*/false);

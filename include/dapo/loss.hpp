@@ -20,6 +20,7 @@
 
 #include "dapo/core/accumulation.hpp"
 #include "dapo/detail/aten_kernels.hpp"
+#include "dapo/detail/autograd_node.hpp"
 #include "dapo/detail/loss_tensors.hpp"
 #include "dapo/reference/loss.hpp"
 
@@ -103,7 +104,7 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
   const auto scalar = [&](double value) { return torch::scalar_tensor(value, logp.options().dtype(compute_type)); };
   torch::Tensor loss = scalar(out.result.loss);
   if (want_grad) {
-    const std::shared_ptr<PolicyLossBackward> node(new PolicyLossBackward(), torch::autograd::deleteNode);
+    const auto node = detail::make_autograd_node<PolicyLossBackward>();
     node->set_next_edges(torch::autograd::collect_next_edges(logp));
     node->raw_grad = std::move(raw_grad);
     node->grad_scale = out.grad_scale;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <string>
 

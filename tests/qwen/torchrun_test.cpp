@@ -237,17 +237,16 @@ TEST_CASE("torchrun's agent store: 2 ranks meet through a store they do not serv
   for (int rank = 0; rank < 2; ++rank) {
     dapo::test::SpawnOptions options;
     options.environment = without_launcher_variables();
-    for (const auto& [name, value] :
-         std::vector<std::pair<std::string, std::string>>{{"RANK", std::to_string(rank)},
-                                                          {"LOCAL_RANK", std::to_string(rank)},
-                                                          {"WORLD_SIZE", "2"},
-                                                          {"LOCAL_WORLD_SIZE", "2"},
-                                                          {"MASTER_ADDR", "127.0.0.1"},
-                                                          {"MASTER_PORT", std::to_string(port)},
-                                                          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                                                          {"TORCHELASTIC_RESTART_COUNT", "2"}}) {
-      options.environment.emplace_back(name, value);
-    }
+    // An array, not a temporary vector: g++ 16 warns (-Wfree-nonheap-object, falsely) on freeing the latter here.
+    const std::pair<const char*, std::string> variables[] = {{"RANK", std::to_string(rank)},
+                                                             {"LOCAL_RANK", std::to_string(rank)},
+                                                             {"WORLD_SIZE", "2"},
+                                                             {"LOCAL_WORLD_SIZE", "2"},
+                                                             {"MASTER_ADDR", "127.0.0.1"},
+                                                             {"MASTER_PORT", std::to_string(port)},
+                                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                                             {"TORCHELASTIC_RESTART_COUNT", "2"}};
+    for (const auto& [name, value] : variables) options.environment.emplace_back(name, value);
     options.stderr_file = scratch.path() / ("log" + std::to_string(rank));
     // launcher_worker's "rank ok" mode: rendezvous, then the sum of 1 + RANK over the ranks into OUT/sum<RANK>.
     ranks.push_back(std::make_unique<dapo::test::Child>(

@@ -63,7 +63,8 @@ inline std::optional<nlohmann::json> algo_golden(const std::string& section) {
   REQUIRE_MESSAGE(in.good(), "cannot open " << path.string());
   const nlohmann::json golden = nlohmann::json::parse(in);
   REQUIRE(golden.contains(section));
-  return golden.at(section);
+  // In place: json converts itself to any type, so a plain return is ambiguous for some compilers (g++ 16).
+  return std::optional<nlohmann::json>(std::in_place, golden.at(section));
 }
 
 // |actual - expected| <= absolute + relative * |expected|

@@ -296,14 +296,27 @@ void add_launch_options(CLI::App& command, LaunchSettings& settings, const std::
       ->check(positive());
 }
 
+// CLI11 2.6 runs an option's callback after the required options are checked unless its priority says otherwise;
+// --config's must run before, since the file may give a required option. CLI11 2.1 and 2.4 have no priorities and run
+// every callback before that check. (Detected from the Option class, not from a version number.)
+template <class OptionT>
+void callback_before_requirements(OptionT* option) {
+  if constexpr (requires { option->get_callback_priority(); }) {
+    using Priority = decltype(option->get_callback_priority());
+    option->callback_priority(Priority::PreRequirementsCheck);
+  }
+}
+
 void add_config_options(CLI::App& command, bool& print_config) {
-  command
-      .add_option_function<std::string>(
-          "--config", [&command](const std::string& path) { read_config_file(command, path); },
-          "Read settings from a TOML file (name = value per line, names as the long options without dashes; "
-          "--print-config writes one); options on the command line win over the file")
-      ->check(CLI::ExistingFile)
-      ->configurable(false);
+  CLI::Option* config =
+      command
+          .add_option_function<std::string>(
+              "--config", [&command](const std::string& path) { read_config_file(command, path); },
+              "Read settings from a TOML file (name = value per line, names as the long options without dashes; "
+              "--print-config writes one); options on the command line win over the file")
+          ->check(CLI::ExistingFile)
+          ->configurable(false);
+  callback_before_requirements(config);
   command
       .add_flag("--print-config", print_config,
                 "Print the effective settings (--algo's preset, this command line and --config applied) as TOML "

@@ -163,8 +163,9 @@ void check_demo_device(torch::Device device) {
                                 " asks for CUDA, but torch::cuda::is_available() is false (a LibTorch without CUDA, "
                                 "or no GPU visible to this process); use --device cpu");
   }
-  const auto count = torch::cuda::device_count();
-  if (device.has_index() && (device.index() < 0 || static_cast<std::size_t>(device.index()) >= count)) {
+  // device_count() is a std::size_t in LibTorch 1.x and a c10::DeviceIndex (signed) in later ones.
+  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  if (device.has_index() && (device.index() < 0 || device.index() >= count)) {
     throw std::invalid_argument("demo: --device " + device.str() + " names GPU " + std::to_string(device.index()) +
                                 ", but this process sees " + std::to_string(count) +
                                 " (cuda:0 .. cuda:" + std::to_string(count - 1) + ")");

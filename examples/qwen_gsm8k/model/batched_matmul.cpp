@@ -17,6 +17,8 @@
 #include <tuple>
 #include <vector>
 
+#include "dapo/detail/autograd_node.hpp"
+
 namespace qwen {
 namespace {
 
@@ -225,7 +227,7 @@ torch::Tensor differentiable_product(const torch::Tensor& a, const torch::Tensor
     const torch::NoGradGuard no_grad;  // the product's own copies are not part of the graph
     out = product(a, b);
   }
-  const std::shared_ptr<BatchedMatmulBackward> node(new BatchedMatmulBackward(), torch::autograd::deleteNode);
+  const auto node = dapo::detail::make_autograd_node<BatchedMatmulBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(a, b));
   node->a = torch::autograd::SavedVariable(a, /*is_output=*/false);
   node->b = torch::autograd::SavedVariable(b, /*is_output=*/false);
