@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The LibTorch 2.x leg: a Debian 13 root (LibTorch 2.6 and the rest of scripts/packages.txt) made once with mmdebstrap
-# and cached outside the clone, then used with chroot. Needs root (chroot, mounts) and Debian's package archive.
-#   scripts/libtorch2.sh test [ctest args]   build everything in build-libtorch2/ inside the root and run the tests
-#   scripts/libtorch2.sh cuda                compile the CUDA build against Debian 13's libtorch-cuda-dev headers
-#                                            with /usr/local/cuda's nvcc, in build-cuda/ (see docs/platforms.md)
-#   scripts/libtorch2.sh root                only make (or find) the root and print its path
-#   scripts/libtorch2.sh shell               a shell in the root, the clone at /src, ../shared at /shared
-# The cache: ${DAPO_CACHE_DIR:-/var/cache/dapo}/debian13-<key>, the key a hash of this recipe and the package list, so
-# a changed list makes a new root (old ones can be deleted by hand). First run 1 to 14 min (the mirror decides) and
-# 1.4 GB; later runs reuse it.
+# The LibTorch 2.x legs: a Debian root (scripts/packages.txt: LibTorch 2.x, its compiler and the rest) made once with
+# mmdebstrap and cached outside the clone, then used with chroot. Needs root (chroot, mounts) and Debian's package
+# archive, whose address is taken from this machine's apt configuration (DAPO_DEBIAN_MIRROR to choose another).
+# The first word picks the root: trixie (Debian 13: LibTorch 2.6, g++ 14, and libtorch-cuda-dev's headers for the CUDA
+# compile check; the default) or sid (Debian unstable: the newest packaged LibTorch, 2.14 with g++ 16 when written).
+#   scripts/libtorch2.sh [trixie|sid] test [ctest args]   build everything inside the root (build-libtorch2/ or
+#                                                         build-sid/) and run the tests
+#   scripts/libtorch2.sh [trixie] cuda                    compile the CUDA build against Debian 13's
+#                                                         libtorch-cuda-dev headers with /usr/local/cuda's nvcc, in
+#                                                         build-cuda/ (see docs/platforms.md)
+#   scripts/libtorch2.sh [trixie|sid] root                only make (or find) the root and print its path
+#   scripts/libtorch2.sh [trixie|sid] shell               a shell in the root, the clone at /src, ../shared at /shared
+# The cache: ${DAPO_CACHE_DIR:-/var/cache/dapo}/<debian13|sid>-<key>, the key a hash of this recipe and the package
+# list, so a changed list makes a new root (old ones can be deleted by hand). First run 1 to 14 min (the mirror
+# decides) and 1.4 GB; later runs reuse it. A sid root is a snapshot of a moving suite: it is remade when the recipe
+# changes, or by deleting it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 src=$(pwd)
@@ -18,18 +24,40 @@ if [[ $(id -u) -ne 0 ]]; then
   echo "libtorch2: needs root (mmdebstrap, chroot and bind mounts); run it as root or under sudo" >&2
   exit 1
 fi
+suite=trixie
+if [[ ${1:-} == trixie || ${1:-} == sid ]]; then
+  suite=$1
+  shift
+fi
 mode=${1:-test}
 shift || true
 
-mirror=${DAPO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-suite=trixie
+# The Debian archive this machine's apt uses (deb822 .sources or one-line sources.list), security archives aside.
+apt_mirror() {
+  {
+    sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
+    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\).*/\2/p' \
+      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
+  } | grep -v -e security -e '^$' | grep -m1 '/debian/\?$' || true
+}
+mirror=${DAPO_DEBIAN_MIRROR:-$(apt_mirror)}
+[[ -n $mirror ]] || { echo "libtorch2: no Debian archive in this machine's apt sources; set DAPO_DEBIAN_MIRROR" >&2; exit 1; }
 mapfile -t packages < <(grep -v '^#' scripts/packages.txt | grep -v '^$')
-# What the root holds beyond the build: libtorch-cuda-dev is downloaded and unpacked, never installed (its runtime,
-# libtorch-cuda-2.6 and the NVIDIA libraries, cannot be installed without a GPU driver and non-free downloads).
-recipe="suite=$suite components=main,contrib packages=${packages[*]} cuda-dev=libtorch-cuda-dev recipe=1"
-key=$(printf '%s' "$recipe" | sha256sum | cut -c1-12)
 cache=${DAPO_CACHE_DIR:-/var/cache/dapo}
-root=$cache/debian13-$key
+if [[ $suite == trixie ]]; then
+  # What the root holds beyond the build: libtorch-cuda-dev is downloaded and unpacked, never installed (its runtime,
+  # libtorch-cuda-2.6 and the NVIDIA libraries, cannot be installed without a GPU driver and non-free downloads).
+  components=main,contrib
+  recipe="suite=$suite components=$components packages=${packages[*]} cuda-dev=libtorch-cuda-dev recipe=1"
+  root=$cache/debian13-$(printf '%s' "$recipe" | sha256sum | cut -c1-12)
+  build_dir=build-libtorch2
+else
+  # sid's Release file on a mirror may be past its Valid-Until date (a snapshot): apt is told not to mind.
+  components=main
+  recipe="suite=$suite components=$components packages=${packages[*]} recipe=1"
+  root=$cache/sid-$(printf '%s' "$recipe" | sha256sum | cut -c1-12)
+  build_dir=build-sid
+fi
 
 make_root() {
   [[ -f $root/.dapo-root-complete ]] && return 0
@@ -37,17 +65,19 @@ make_root() {
     echo "libtorch2: installing mmdebstrap"
     apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y mmdebstrap
   }
-  echo "libtorch2: making the Debian 13 root $root (once per package list; 1 to 14 minutes, by the mirror)"
+  echo "libtorch2: making the Debian $suite root $root (once per package list; 1 to 14 minutes, by the mirror)"
   mkdir -p "$cache"
   rm -rf "$root.partial"
   local include
   include=$(IFS=,; echo "${packages[*]}")
-  mmdebstrap --variant=apt --components=main,contrib --include="$include" "$suite" "$root.partial" \
-    "deb $mirror $suite main contrib"
-  # mmdebstrap leaves no package lists behind: fetch them for the download, then drop them again.
-  chroot "$root.partial" bash -c 'set -e; apt-get update -q; mkdir -p /opt/debs; cd /opt/debs
-                                   apt-get download libtorch-cuda-dev; dpkg -x libtorch-cuda-dev_*.deb /opt/libtorch-cuda-dev
-                                   apt-get clean; rm -rf /var/lib/apt/lists/*'
+  mmdebstrap --variant=apt --components="$components" --include="$include" \
+    --aptopt='Acquire::Check-Valid-Until "false"' "$suite" "$root.partial" "deb $mirror $suite ${components//,/ }"
+  if [[ $suite == trixie ]]; then
+    # mmdebstrap leaves no package lists behind: fetch them for the download, then drop them again.
+    chroot "$root.partial" bash -c 'set -e; apt-get update -q; mkdir -p /opt/debs; cd /opt/debs
+                                     apt-get download libtorch-cuda-dev; dpkg -x libtorch-cuda-dev_*.deb /opt/libtorch-cuda-dev
+                                     apt-get clean; rm -rf /var/lib/apt/lists/*'
+  fi
   printf '%s\n' "$recipe" > "$root.partial/.dapo-root-complete"
   mv "$root.partial" "$root"
 }
@@ -76,8 +106,9 @@ case $mode in
   test)
     echo "libtorch2: LibTorch $(chroot "$root" dpkg-query -W -f='${Version}' libtorch-dev), g++ $(chroot "$root" g++ -dumpversion)"
     # No python3-torch in the root (scripts/test-packages.txt): the torchrun test skips there instead of failing.
-    in_root "DAPO_BUILD_DIR=build-libtorch2 DAPO_TORCHRUN_TEST=optional bash scripts/test.sh $*" ;;
+    in_root "DAPO_BUILD_DIR=$build_dir DAPO_TORCHRUN_TEST=optional bash scripts/test.sh $*" ;;
   cuda)
+    [[ $suite == trixie ]] || { echo "libtorch2: the CUDA compile check runs in the trixie root" >&2; exit 2; }
     [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "libtorch2: the CUDA check needs nvcc in /usr/local/cuda" >&2; exit 1; }
     with_cuda=1 in_root "bash scripts/cuda-compile.sh $*" ;;
   *) echo "libtorch2: unknown mode '$mode' (test, cuda, root or shell)" >&2; exit 2 ;;

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The numeric CPU tests (the LibTorch front ends and the model: CTest's torch and qwen_model) once more, under a second
-# set of OpenBLAS float32 kernels, after scripts/test.sh has built and run everything under the machine's own. OpenBLAS
-# picks its kernels by CPU unless OPENBLAS_CORETYPE names them, and kernels differ in how they sum a dot product; no
-# test may depend on one kernel's rounding. The second set is Haswell's (AVX2 + FMA: what machines that set the
-# variable use, safe on every AVX2 CPU), or, where the first run already had Haswell's, Sandybridge's (AVX without FMA,
-# safe on every AVX CPU, rounded differently again). A value the machine sets is never unset: where a CPU needs it,
-# its own kernels misbehave. No second build: the same binaries, in ${DAPO_BUILD_DIR:-build}.
+# The numeric CPU tests once more, under a second set of OpenBLAS float32 kernels, after scripts/test.sh has built and
+# run everything under the machine's own: the LibTorch front ends (dapo_torch_tests) and the model's numerics
+# (qwen_model_tests' model, generation, batched-product, config and safetensors cases: the goldens, last_logits against
+# the full forward, batched against one-by-one generation, the direct attention products against torch::matmul).
+# OpenBLAS picks its kernels by CPU unless OPENBLAS_CORETYPE names them, and kernels differ in how they sum a dot
+# product; no test may depend on one kernel's rounding. The second set is Haswell's (AVX2 + FMA: what machines that
+# set the variable use, safe on every AVX2 CPU), or, where the first run already had Haswell's, Sandybridge's (AVX
+# without FMA, safe on every AVX CPU, rounded differently again). A value the machine sets is never unset: where a CPU
+# needs it, its own kernels misbehave. No second build: the same binaries, in ${DAPO_BUILD_DIR:-build}.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,4 +31,8 @@ second=Haswell
   exit 1
 }
 echo "blas-kernels: the numeric CPU tests again with OpenBLAS's $second kernels (OPENBLAS_CORETYPE=$second)"
-OPENBLAS_CORETYPE=$second ctest --test-dir "${DAPO_BUILD_DIR:-build}" --output-on-failure -R '^(torch|qwen_model)$' "$@"
+tests=${DAPO_BUILD_DIR:-build}/tests
+export OPENBLAS_CORETYPE=$second
+"$tests/dapo_torch_tests"
+"$tests/qwen_model_tests" \
+  --source-file='*/model_test*,*/generation_test*,*/batched_matmul_test*,*/config_test*,*/safetensors_test*'
