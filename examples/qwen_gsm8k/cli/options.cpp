@@ -299,6 +299,7 @@ void add_launch_options(CLI::App& command, LaunchSettings& settings, const std::
 // CLI11 2.6 runs an option's callback after the required options are checked unless its priority says otherwise;
 // --config's must run before, since the file may give a required option. CLI11 2.1 and 2.4 have no priorities and run
 // every callback before that check. (Detected from the Option class, not from a version number.)
+namespace {
 template <class OptionT>
 void callback_before_requirements(OptionT* option) {
   if constexpr (requires { option->get_callback_priority(); }) {
@@ -306,6 +307,7 @@ void callback_before_requirements(OptionT* option) {
     option->callback_priority(Priority::PreRequirementsCheck);
   }
 }
+}  // namespace
 
 void add_config_options(CLI::App& command, bool& print_config) {
   CLI::Option* config =

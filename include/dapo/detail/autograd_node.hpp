@@ -12,9 +12,6 @@
 
 namespace dapo::detail {
 
-// True when this LibTorch's autograd nodes live in c10::intrusive_ptr.
-inline constexpr bool intrusive_autograd_nodes = std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
-
 // A default-constructed NodeT (derived from torch::autograd::Node) in the pointer type set_history takes.
 template <class NodeT>
 auto make_autograd_node() {
