@@ -2,7 +2,8 @@
 # The GPU machine's one command (docs/benchmarks.md, "On a GPU machine"). On one NVIDIA GPU with PyTorch's LibTorch
 # (python3 -c 'import torch'), transformers and nvcc, and device-carry/ from scripts/device-prepare.sh beside it, it
 # unpacks the carried Debian packages, builds the CUDA configuration against PyTorch's LibTorch, then in stages:
-#   fixture     transformers makes a tiny random Qwen2 model and its outputs (tests/fixtures/transformers, to commit)
+#   fixture     this machine's transformers makes a tiny random Qwen2 model and its outputs, as the committed
+#               tests/fixtures/transformers was made in the sid root (build-device/transformers-fixture)
 #   cuda_tests  the CUDA and transformers test cases, their measured differences kept for the report
 #   generate    our generate() against transformers' generate() at the Qwen2.5-1.5B shape in bfloat16
 #   step        one DAPO step at that shape with the seed's settings, and one at a larger, verl-like scale
@@ -10,7 +11,7 @@
 #               on it become a golden that our model must reproduce
 #   demo        the built-in demo on the GPU: accuracy before/after, wall time
 #   tests       the whole test suite (ctest), last: what is left of the budget
-# and writes report.md (one Markdown table), results.json, log.txt and fixture.tar.gz into OUT.
+# and writes report.md (one Markdown table), results.json and log.txt into OUT.
 #
 #   scripts/device-check.sh [--dry-run] [--stages a,b,...] [--budget SECONDS] [OUT]      (OUT defaults to $OUT, else
 #                                                                                          build-device/out)
@@ -149,10 +150,9 @@ bin() { echo "$build/$1"; }
 # --- stages -----------------------------------------------------------------------------------------------------
 stage_fixture() {
   have_transformers || { echo "skipped: transformers is not importable here"; return 3; }
-  local dir=$root/tests/fixtures/transformers
-  rm -rf "$dir"
-  python3 "$root/tests/fixtures/transformers_golden.py" new "$dir" | tee "$results/fixture.json" || return 1
-  tar czf "$out/fixture.tar.gz" -C "$root" tests/fixtures/transformers
+  local dir=$work/transformers-fixture
+  rm -rf "$dir" && mkdir -p "$dir"
+  python3 "$root/tests/fixtures/transformers_golden.py" new "$dir" | tee "$results/fixture.json"
 }
 
 stage_tests() {
@@ -167,7 +167,11 @@ stage_tests() {
 stage_cuda_tests() {
   local status=0
   DAPO_SHARED_DIR=$shared "$(bin tests/dapo_torch_tests)" -tc='*CUDA*' || status=1
-  DAPO_SHARED_DIR=$shared "$(bin tests/qwen_model_tests)" -tc='*CUDA*,*transformers*,*tiny checkpoints*' |
+  # The committed transformers fixture, and the one this machine's transformers made (stage fixture) when there is one.
+  local goldens=""
+  [[ -f $work/transformers-fixture/expected.json ]] && goldens=$work/transformers-fixture
+  DAPO_TRANSFORMERS_GOLDENS=$goldens DAPO_SHARED_DIR=$shared "$(bin tests/qwen_model_tests)" \
+    -tc='*CUDA*,*transformers*,*tiny checkpoints*' |
     tee "$results/cuda_tests.txt" || status=1
   return $status
 }

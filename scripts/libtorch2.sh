@@ -11,6 +11,8 @@
 #                                                         build-cuda/ (see docs/platforms.md)
 #   scripts/libtorch2.sh [trixie|sid] root                only make (or find) the root and print its path
 #   scripts/libtorch2.sh [trixie|sid] shell               a shell in the root, the clone at /src, ../shared at /shared
+#   scripts/libtorch2.sh sid python FILE [ARGS]           python3 FILE ARGS in the sid root, which holds transformers
+#                                                         too (scripts/transformers-packages.txt), in /src
 # The cache: ${DAPO_CACHE_DIR:-/var/cache/dapo}/<debian13|sid>-<key>, the key a hash of this recipe and the package
 # list, so a changed list makes a new root (old ones can be deleted by hand). First run 1 to 14 min (the mirror
 # decides) and 1.4 GB; later runs reuse it. A sid root is a snapshot of a moving suite: it is remade when the recipe
@@ -52,8 +54,10 @@ if [[ $suite == trixie ]]; then
   root=$cache/debian13-$(printf '%s' "$recipe" | sha256sum | cut -c1-12)
   build_dir=build-libtorch2
 else
-  # sid's Release file on a mirror may be past its Valid-Until date (a snapshot): apt is told not to mind.
+  # sid's Release file on a mirror may be past its Valid-Until date (a snapshot): apt is told not to mind. The root
+  # holds transformers and PyTorch's Python package too: one root for LibTorch 2.14 and for transformers.
   components=main
+  mapfile -t -O "${#packages[@]}" packages < <(grep -v '^#' scripts/transformers-packages.txt | grep -v '^$')
   recipe="suite=$suite components=$components packages=${packages[*]} recipe=1"
   root=$cache/sid-$(printf '%s' "$recipe" | sha256sum | cut -c1-12)
   build_dir=build-sid
@@ -105,11 +109,19 @@ case $mode in
   shell) in_root "exec bash" ;;
   test)
     echo "libtorch2: LibTorch $(chroot "$root" dpkg-query -W -f='${Version}' libtorch-dev), g++ $(chroot "$root" g++ -dumpversion)"
-    # No python3-torch in the root (scripts/test-packages.txt): the torchrun test skips there instead of failing.
-    in_root "DAPO_BUILD_DIR=$build_dir DAPO_TORCHRUN_TEST=optional bash scripts/test.sh $*" ;;
+    # The sid root has python3-torch (scripts/transformers-packages.txt): its torchrun must be found there (the test
+    # then skips, naming the reason, if that torchrun cannot start programs: docs/platforms.md). The Debian 13 root has
+    # none (scripts/test-packages.txt is not in it): the test skips there instead of failing.
+    torchrun=optional
+    [[ $suite == sid ]] && torchrun=required
+    in_root "DAPO_BUILD_DIR=$build_dir DAPO_TORCHRUN_TEST=$torchrun bash scripts/test.sh $*" ;;
   cuda)
     [[ $suite == trixie ]] || { echo "libtorch2: the CUDA compile check runs in the trixie root" >&2; exit 2; }
     [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "libtorch2: the CUDA check needs nvcc in /usr/local/cuda" >&2; exit 1; }
     with_cuda=1 in_root "bash scripts/cuda-compile.sh $*" ;;
-  *) echo "libtorch2: unknown mode '$mode' (test, cuda, root or shell)" >&2; exit 2 ;;
+  python)
+    [[ $suite == sid ]] || { echo "libtorch2: transformers is in the sid root: scripts/libtorch2.sh sid python FILE" >&2; exit 2; }
+    (($# >= 1)) || { echo "libtorch2: python needs a file to run" >&2; exit 2; }
+    in_root "python3 $(printf '%q ' "$@")" ;;
+  *) echo "libtorch2: unknown mode '$mode' (test, cuda, root, shell or python)" >&2; exit 2 ;;
 esac

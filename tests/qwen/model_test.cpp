@@ -184,9 +184,10 @@ std::string describe(const GoldenErrors& errors) {
   return out.str();
 }
 
-// Golden files made by Hugging Face transformers itself (scripts/device-check.sh, tests/fixtures/transformers/): the
-// committed tiny model, and any further directories the device check names in DAPO_TRANSFORMERS_GOLDENS
-// (colon-separated; a checkpoint our trainer saved, with transformers' outputs on it).
+// Golden files made by Hugging Face transformers itself: the committed tiny model (tests/fixtures/transformers/, made
+// by tests/fixtures/transformers_golden.py in the Debian sid root: scripts/libtorch2.sh sid python), and any further
+// directories named in DAPO_TRANSFORMERS_GOLDENS (colon-separated; each holds config.json, the weights and
+// expected.json: the device check's own fixture, a checkpoint our trainer saved with transformers' outputs on it).
 std::vector<std::filesystem::path> transformers_goldens() {
   std::vector<std::filesystem::path> dirs;
   const std::filesystem::path committed =
@@ -218,8 +219,8 @@ TEST_CASE("transformers' own outputs on a tiny Qwen2 model (and on our trainer's
   const auto dirs = transformers_goldens();
   if (dirs.empty()) {
     MESSAGE(
-        "skipped: tests/fixtures/transformers/expected.json is not there yet; scripts/device-check.sh makes it "
-        "with transformers on a GPU machine (docs/benchmarks.md)");
+        "skipped: tests/fixtures/transformers/expected.json is missing from this checkout (it is committed; "
+        "tests/fixtures/transformers_golden.py new makes it) and DAPO_TRANSFORMERS_GOLDENS names nothing");
     return;
   }
   for (const auto& dir : dirs) {
