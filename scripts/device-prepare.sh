@@ -69,6 +69,7 @@ Send (device tool, run):
   command:   bash scripts/device-check.sh
   carry:     ["$carry"]
   timeout_s: 540
-Results come back in \$OUT: report.md (the table for docs/benchmarks.md), results.json, log.txt. A second try on the same warm machine
-reuses build-device/: add --stages with the stages still missing (see scripts/device-check.sh --help).
+Results come back in \$OUT: report.md (the table for docs/benchmarks.md), results.json, log.txt. A second try on
+the same warm machine reuses build-device/: add --stages with the stages still missing (see scripts/device-check.sh
+--help).
 EOF

@@ -15,8 +15,8 @@
 #                                                         too (scripts/transformers-packages.txt), in /src
 # The cache: ${DAPO_CACHE_DIR:-/var/cache/dapo}/<debian13|sid>-<key>, the key a hash of this recipe and the package
 # list, so a changed list makes a new root (old ones can be deleted by hand). First run 1 to 14 min (the mirror
-# decides) and 1.4 GB; later runs reuse it. A sid root is a snapshot of a moving suite: it is remade when the recipe
-# changes, or by deleting it.
+# decides), 1.4 GB (trixie) or 2.3 GB (sid, with transformers); later runs reuse it. A sid root is a snapshot of a
+# moving suite: it is remade when the recipe changes, or by deleting it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 src=$(pwd)

@@ -315,9 +315,9 @@ TEST_CASE("torchrun: --standalone and the default static rendezvous run the 2-ra
     REQUIRE(std::filesystem::exists(output / "metrics.jsonl"));
     return output;
   };
-  // The reference: the driver's own launcher, 2 ranks.
   const auto workaround = torchrun_workaround(*torchrun, scratch.path());
   if (!workaround) return;
+  // The reference: the driver's own launcher, 2 ranks.
   const auto reference = launch("nproc", {QWEN_GSM8K}, {"--nproc", "2"});
   const auto torchrun_with = [&](std::vector<std::string> rendezvous) {
     std::vector<std::string> command{torchrun->string()};
