@@ -1,11 +1,14 @@
-// qwen::render_chat: the 22 golden conversations (text and token ids), hand cases of the template's branches, and the
-// rejection of what the template cannot render.
+// qwen::render_chat: the 22 golden conversations (text and token ids), the committed cases on which our chat path once
+// disagreed with transformers, hand cases of the template's branches, and the rejection of what the template cannot
+// render.
 #include "qwen_gsm8k/text/chat.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "qwen_gsm8k/text/chat_template.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "support/shared.hpp"
 
@@ -41,6 +44,40 @@ TEST_CASE("render_chat reproduces every golden conversation, text and ids") {
     const std::string text = render_chat(messages_of(item.at("messages")), item.at("add_generation_prompt"));
     CHECK(text == item.at("text").get<std::string>());
     CHECK(tokenizer.encode(text) == item.at("ids").get<std::vector<int32_t>>());
+  }
+}
+
+// tests/fixtures/chat_regressions.json: conversations that tests/transformers/chat_test.cpp once found rendered or
+// tokenized differently from transformers' apply_chat_template (see the file's description).
+TEST_CASE("render_chat, the Jinja subset and encode reproduce the committed transformers regression cases") {
+  const auto shared = dapo::test::require_shared("fixtures/tokenizer/qwen2.5");
+  if (!shared) return;
+  const auto dir = *shared / "fixtures" / "tokenizer" / "qwen2.5";
+  const auto tokenizer = qwen::Tokenizer::from_directory(dir);
+  const auto file = qwen::read_chat_template(dir);
+  REQUIRE(file.has_value());
+  const qwen::jinja::Template chat_template(file->source);
+  std::ifstream in(std::filesystem::path(DAPO_SOURCE_DIR) / "tests" / "fixtures" / "chat_regressions.json");
+  REQUIRE(in.good());
+  const json regressions = json::parse(in);
+  REQUIRE_FALSE(regressions.at("cases").empty());
+  REQUIRE_FALSE(regressions.at("known_differences").empty());
+
+  // Both renderings must give transformers' text; the token ids checked are `ids_field`'s.
+  const auto check = [&](const json& item, const char* ids_field) {
+    CAPTURE(item.at("description").get<std::string>());
+    const auto messages = messages_of(item.at("messages"));
+    const bool add_generation_prompt = item.at("add_generation_prompt");
+    const auto text = item.at("text").get<std::string>();
+    CHECK(render_chat(messages, add_generation_prompt) == text);
+    CHECK(qwen::render_chat_template(chat_template, file->special_tokens, messages, add_generation_prompt) == text);
+    CHECK(tokenizer.encode(text) == item.at(ids_field).get<std::vector<int32_t>>());
+  };
+  for (const json& item : regressions.at("cases")) check(item, "ids");
+  // tokenizers' NFC is Unicode 9.0's: we give the ids of Unicode's NFC (nfc_ids), which really differ from theirs.
+  for (const json& item : regressions.at("known_differences")) {
+    check(item, "nfc_ids");
+    CHECK(item.at("nfc_ids") != item.at("ids"));
   }
 }
 

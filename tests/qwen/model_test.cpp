@@ -187,7 +187,9 @@ std::string describe(const GoldenErrors& errors) {
 // Golden files made by Hugging Face transformers itself: the committed tiny model (tests/fixtures/transformers/, made
 // by tests/fixtures/transformers_golden.py in the Debian sid root: scripts/libtorch2.sh sid python), and any further
 // directories named in DAPO_TRANSFORMERS_GOLDENS (colon-separated; each holds config.json, the weights and
-// expected.json: the device check's own fixture, a checkpoint our trainer saved with transformers' outputs on it).
+// expected.json: the transformers leg's models, made afresh and in several configurations by
+// scripts/transformers-check.sh; the device check's own fixture and a checkpoint our trainer saved, with transformers'
+// outputs on it).
 std::vector<std::filesystem::path> transformers_goldens() {
   std::vector<std::filesystem::path> dirs;
   const std::filesystem::path committed =

@@ -1,5 +1,6 @@
-// qwen::Tokenizer: all golden encodings of the Qwen2.5 tokenizer (ids and both decodings), hand cases, the in-memory
-// byte-level tokenizer, and the error messages for malformed tokenizer files. Needs no LibTorch.
+// qwen::Tokenizer: all golden encodings of the Qwen2.5 tokenizer (ids and both decodings), the cases where we once
+// disagreed with Hugging Face tokenizers, hand cases, the in-memory byte-level tokenizer, and the error messages for
+// malformed tokenizer files. Needs no LibTorch.
 #include "qwen_gsm8k/text/tokenizer.hpp"
 
 #include <dapo/core/utf8.hpp>
@@ -106,6 +107,36 @@ TEST_CASE("Qwen2.5: every golden encoding gives Hugging Face's ids and decodings
     mismatches += ids != expected;
   }
   CHECK(mismatches == 0);
+}
+
+// tests/fixtures/tokenizer_regressions.json: found by differential fuzzing against tokenizers 0.23.1
+// (tests/transformers/tokenizer_cases.py), each with tokenizers' ids and decodings and what it exposed.
+TEST_CASE("Qwen2.5: every regression case found against Hugging Face tokenizers gives its ids and decodings") {
+  const auto fixtures = fixtures_dir();
+  if (!fixtures) return;
+  const Tokenizer& tokenizer = qwen_tokenizer(*fixtures);
+  const fs::path path = fs::path(DAPO_SOURCE_DIR) / "tests" / "fixtures" / "tokenizer_regressions.json";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
+  const json regressions = json::parse(in);
+  REQUIRE(!regressions.at("cases").empty());
+  for (const json& item : regressions.at("cases")) {
+    const auto expected = ids_of(item.at("ids"));
+    CAPTURE(item.dump(-1, ' ', /*ensure_ascii=*/true));
+    if (item.contains("text")) CHECK(tokenizer.encode(item.at("text").get<std::string>()) == expected);
+    CHECK(tokenizer.decode(expected) == item.at("decoded").get<std::string>());
+    CHECK(tokenizer.decode(expected, /*skip_special_tokens=*/true) ==
+          item.at("decoded_skip_special").get<std::string>());
+  }
+  // Unicode-version differences, not faked: tokenizers' NFC has Unicode 9.0 tables, ours (utf8proc) newer ones, so we
+  // encode Unicode's NFC of the text, and tokenizers' ids (kept in the file) differ.
+  REQUIRE(!regressions.at("known_differences").empty());
+  for (const json& item : regressions.at("known_differences")) {
+    CAPTURE(item.dump(-1, ' ', /*ensure_ascii=*/true));
+    const auto ids = tokenizer.encode(item.at("text").get<std::string>());
+    CHECK(ids == tokenizer.encode(item.at("nfc").get<std::string>()));
+    CHECK(ids != ids_of(item.at("ids")));
+  }
 }
 
 TEST_CASE("Qwen2.5: vocabulary, special tokens and config") {
@@ -385,6 +416,9 @@ TEST_CASE("tokenizer files: each defect gets a message naming the file, the plac
   root["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   write(root);
   CHECK_THROWS_WITH_AS(load(), doctest::Contains("the split pattern does not compile at offset"), std::runtime_error);
+  root["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = R"(\s+|[^\S\p{L}]+)";
+  write(root);
+  CHECK_THROWS_WITH_AS(load(), doctest::Contains("\\S inside a character class at offset 6"), std::runtime_error);
 
   root = minimal_tokenizer_json();
   root["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 5;

@@ -10,9 +10,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 
 namespace qwen::detail {
 namespace {
@@ -23,6 +25,73 @@ std::string pcre2_message(int error_code) {
   std::array<PCRE2_UCHAR, 256> message{};
   pcre2_get_error_message(error_code, message.data(), message.size());
   return reinterpret_cast<const char*>(message.data());
+}
+
+// Unicode's White_Space characters: what Oniguruma, the regex engine of `tokenizers`, matches with \s. PCRE2 with
+// PCRE2_UCP matches one more, U+180E MONGOLIAN VOWEL SEPARATOR (a space until Unicode 6.3, still in PCRE2's \h), so
+// " \u180e7" would split as " ", "\u180e", "7" instead of " \u180e", "7".
+constexpr std::string_view kWhiteSpace =
+    R"(\x{9}-\x{D}\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F})"
+    R"(\x{205F}\x{3000})";
+
+// `pattern` with each \s spelled out as kWhiteSpace and each \S as its complement, so that PCRE2 splits as Oniguruma
+// does. Escapes, \Q...\E quotes and character classes are followed so that only real \s and \S are replaced; \S
+// inside a class has no spelling (PCRE2 has no class subtraction) and is refused.
+std::string with_white_space_classes(std::string_view pattern, const std::string& where) {
+  const std::string white_space(kWhiteSpace);
+  std::string out;
+  bool in_class = false;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char escaped = pattern[++i];
+      if (escaped == 's') {
+        out += in_class ? white_space : "[" + white_space + "]";
+      } else if (escaped == 'S' && !in_class) {
+        out += "[^" + white_space + "]";
+      } else if (escaped == 'S') {
+        throw std::runtime_error(concat(where, ": the split pattern has \\S inside a character class at offset ", i - 1,
+                                        ", which is not supported (hint: write [^\\s...] instead)"));
+      } else if (escaped == 'Q') {  // a quote runs to \E or to the end: copied as it is
+        const std::size_t end = pattern.find("\\E", i + 1);
+        const std::size_t stop = end == std::string_view::npos ? pattern.size() : end + 2;
+        out.append(pattern.substr(i - 1, stop - (i - 1)));
+        i = stop - 1;
+      } else {
+        out += c;
+        out += escaped;
+      }
+      continue;
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];  // a literal ] first in a class
+    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {  // [:alpha:] in a class
+      const std::size_t end = pattern.find(":]", i + 2);
+      if (end != std::string_view::npos) {
+        out.append(pattern.substr(i + 1, end + 2 - (i + 1)));
+        i = end + 1;
+      }
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
+pcre2_code* compile(std::string_view pattern, uint32_t options, const std::string& where) {
+  int error_code = 0;
+  PCRE2_SIZE error_offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error_code,
+                                   &error_offset, nullptr);
+  if (code == nullptr) {
+    throw std::runtime_error(concat(where, ": the split pattern does not compile at offset ", error_offset, ": ",
+                                    pcre2_message(error_code),
+                                    " (hint: the pattern is read as a PCRE2 regex with Unicode properties)"));
+  }
+  return code;
 }
 
 }  // namespace
@@ -47,16 +116,9 @@ void SplitRegex::CodeDeleter::operator()(pcre2_code* code) const noexcept {
 }
 
 SplitRegex::SplitRegex(std::string_view pattern, bool literal, const std::string& where) {
-  int error_code = 0;
-  PCRE2_SIZE error_offset = 0;
   const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
-  code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error_code,
-                            &error_offset, nullptr));
-  if (!code_) {
-    throw std::runtime_error(concat(where, ": the split pattern does not compile at offset ", error_offset, ": ",
-                                    pcre2_message(error_code),
-                                    " (hint: the pattern is read as a PCRE2 regex with Unicode properties)"));
-  }
+  code_.reset(compile(pattern, options, where));  // as written first, so that an error names an offset in it
+  if (!literal) code_.reset(compile(with_white_space_classes(pattern, where), options, where));
   pcre2_jit_compile(code_.get(), PCRE2_JIT_COMPLETE);  // the interpreter still works where the JIT is unavailable
 }
 

@@ -26,10 +26,16 @@ inline constexpr std::string_view kQwen2SplitPattern =
 // UTF-8 is below 0xCC. Text without a byte >= 0xCC (all of GSM8K's ASCII lines) therefore skips utf8proc.
 bool may_change_under_nfc(std::string_view text);
 
-// The NFC form of `text`, which must be well-formed UTF-8.
+// The NFC form of `text`, which must be well-formed UTF-8. utf8proc's Unicode tables (15.0 on Debian 12) are newer
+// than those of `tokenizers` 0.23 (9.0): marks assigned since are reordered by their combining class here and
+// compositions added since (U+11935 U+11930 -> U+11938) are made, where `tokenizers` leaves the text as it is.
 std::string to_nfc(std::string_view text);
 
 // A Split pre-tokenizer with "Isolated" behaviour: every match is a piece, and so is every gap between matches.
+// \s means Unicode's White_Space, as in Oniguruma, which `tokenizers` runs. \p{L} and \p{N} come from PCRE2's own
+// Unicode tables, which can be older than those of `tokenizers` (Unicode 16.0 in 0.23): Debian 12's PCRE2 10.42 has
+// Unicode 14.0, so there letters and digits assigned in Unicode 15.0 to 16.0 (CJK extensions H and I, Kawi, Garay,
+// ...) are neither and split differently.
 class SplitRegex {
  public:
   // `literal`: a {"String": ...} pattern, matched as is. Throws std::runtime_error naming `where` and the offset when
