@@ -1,6 +1,6 @@
 // qwen::Tokenizer: all golden encodings of the Qwen2.5 tokenizer (ids and both decodings), the cases where we once
-// disagreed with Hugging Face tokenizers, hand cases, the in-memory byte-level tokenizer, and the error messages for
-// malformed tokenizer files. Needs no LibTorch.
+// disagreed with Hugging Face tokenizers, hand cases, the in-memory byte-level tokenizer, the split regex's Unicode
+// classes, and the error messages for malformed tokenizer files. Needs no LibTorch.
 #include "qwen_gsm8k/text/tokenizer.hpp"
 
 #include <dapo/core/utf8.hpp>
@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "qwen_gsm8k/text/pre_tokenizer.hpp"
 #include "support/shared.hpp"
 
 namespace {
@@ -80,6 +81,14 @@ json minimal_tokenizer_json() {
                           {{"type", "ByteLevel"}, {"use_regex", false}}})}}},
           {"decoder", {{"type", "ByteLevel"}}},
           {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({json::array({"Ġ", "Ġ"}), "a b"})}}}};
+}
+
+// The pieces that a Split regex cuts `text` into.
+std::vector<std::string> split_pieces(std::string_view pattern, std::string_view text) {
+  const qwen::detail::SplitRegex regex(pattern, /*literal=*/false, "test");
+  std::vector<std::string> pieces;
+  regex.split(text, [&](std::string_view piece) { pieces.emplace_back(piece); });
+  return pieces;
 }
 
 }  // namespace
@@ -333,6 +342,33 @@ TEST_CASE("byte_level rejects empty and repeated special tokens") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(Tokenizer::byte_level({"<a>", "<b>", "<a>"}), doctest::Contains("repeats special_tokens[0]"),
                        std::invalid_argument);
+}
+
+TEST_CASE("split regex: \\p{L} and \\p{N} are Unicode 16.0's in every spelling, whatever PCRE2's tables") {
+  // U+31350 (CJK Extension H, Unicode 15.0) is a letter, U+325AC (Extension J, Unicode 17.0) is not; U+11F50 KAWI
+  // DIGIT ZERO (15.0) and U+1CCF1 OUTLINED DIGIT ONE (16.0) are numbers. PCRE2 10.42's tables (Unicode 14.0) know
+  // none of them, 10.49's (17.0) all.
+  const std::string text = "a\U00031350b\U000325ACc";
+  const std::vector<std::string> letters{"a\U00031350b", "\U000325AC", "c"};
+  for (const std::string_view pattern :
+       {R"(\p{L}+|\P{L}+)", R"(\pL+|\PL+)", R"([\p{L}]+|\p{^L}+)", R"((?:\p{L})+|[^\p{L}]+)", R"(\P{^L}+|\P{L}+)",
+        R"(\p{ l }+|\p{^_L}+)", R"(\pl+|\P{-L-}+)"}) {
+    CAPTURE(pattern);
+    CHECK(split_pieces(pattern, text) == letters);
+  }
+  const std::vector<std::string> numbers{"1\U00011F50x\U0001CCF1", "y"};
+  CHECK(split_pieces(R"([\p{N}x]+|[^\p{N}x]+)", "1\U00011F50x\U0001CCF1y") == numbers);
+  CHECK(split_pieces(R"(\pN+|\PN+)", "\U00011F50\U000325AC") == std::vector<std::string>{"\U00011F50", "\U000325AC"});
+  // \p{Lu} and other properties are left to PCRE2; escaped and quoted \p are not properties.
+  CHECK(split_pieces(R"(\p{Lu}+|\\pL|\Q\p{N}\E)", "AB\\pL\\p{N}") == std::vector<std::string>{"AB", "\\pL", "\\p{N}"});
+  CHECK_THROWS_WITH_AS(split_pieces(R"(x|[^\P{N}a]+)", "x"),
+                       doctest::Contains("\\P{N} inside a character class at offset 4, which is not supported (hint: "
+                                         "write [^\\p{N}...] instead)"),
+                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(split_pieces(R"([\p{^ l}])", "x"),
+                       doctest::Contains("\\p{^ l} inside a character class at offset 1, which is not supported (hint: "
+                                         "write [^\\p{L}...] instead)"),
+                       std::runtime_error);
 }
 
 TEST_CASE("tokenizer.json: a minimal file loads; both merge forms apply") {

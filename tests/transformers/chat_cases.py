@@ -21,7 +21,7 @@ import tokenizers
 import transformers
 from transformers import AutoTokenizer
 
-from tokenizer_cases import random_code_point  # one place for the Unicode-version exclusions of random characters
+from tokenizer_cases import random_code_point  # one place for what random characters may be
 
 ROLES = ("system", "user", "assistant")  # render_chat refuses any other role by design
 
@@ -72,8 +72,8 @@ KINDS = (JINJA, SPECIAL, PUNCTUATION, WHITESPACE, UNICODE, WORDS, TOKENIZER)
 
 
 def random_text(rng):
-    """A few random characters (tokenizer_cases.random_code_point: assigned ones, without the letters whose class
-    depends on the PCRE2 version), or a run of ASCII (printable and whitespace) with no structure at all."""
+    """A few random characters (tokenizer_cases.random_code_point: any assigned in Unicode 16.0), or a run of ASCII
+    (printable and whitespace) with no structure at all."""
     if rng.random() < 0.5:
         return "".join(random_code_point(rng) for _ in range(rng.randint(1, 6)))
     return "".join(rng.choice("ab Z9'\"\\{}%#<|>_\t\n\r\x0b\x0c  .,!-") for _ in range(rng.randint(1, 24)))

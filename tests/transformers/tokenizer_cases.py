@@ -114,25 +114,12 @@ def load_gsm8k(shared):
     return texts
 
 
-# Ranges holding the letters and digits assigned in Unicode 15.0 to 16.0. tokenizers' Oniguruma knows them (Unicode
-# 16.0); PCRE2 10.42, which our Split regex runs on Debian 12, has Unicode 14.0 tables and takes them for unassigned
-# code points, so a string such as "a\U00031350a" splits differently there. A version difference, not a bug on either
-# side (with PCRE2 10.45 and later, Unicode 16.0, the two agree), so the strings leave these out. Found by comparing
-# the split of every code point in a few contexts.
-LETTERS_AFTER_UNICODE_14 = (
-    (0x1C89, 0x1C8A), (0xA7CB, 0xA7CD), (0xA7DA, 0xA7DC), (0x105C0, 0x105F3), (0x10D40, 0x10D65), (0x10D6F, 0x10D85),
-    (0x10EC2, 0x10EC4), (0x1123F, 0x11240), (0x11380, 0x113D3), (0x116D0, 0x116E3), (0x11BC0, 0x11BF9),
-    (0x11F02, 0x11F59), (0x1342F, 0x1342F), (0x13441, 0x13446), (0x13460, 0x143FA), (0x16100, 0x16139),
-    (0x16D40, 0x16D79), (0x18CFF, 0x18CFF), (0x1B132, 0x1B132), (0x1B155, 0x1B155), (0x1CCF0, 0x1CCF9),
-    (0x1D2C0, 0x1D2D3), (0x1DF25, 0x1DF2A), (0x1E030, 0x1E06D), (0x1E4D0, 0x1E4F9), (0x1E5D0, 0x1E5FA),
-    (0x2B739, 0x2B739), (0x2EBF0, 0x2EE5D), (0x31350, 0x323AF))
-
-
 def random_code_point(rng):
     """Any assigned scalar value, mostly from the BMP, or a noncharacter. No surrogates (a str holding one cannot be
-    encoded as UTF-8), no letters that are newer than Unicode 14.0 (see above), and nothing that this Python's
-    Unicode tables call unassigned: a newer utf8proc or PCRE2 (Debian sid's) may know code points that neither
-    tokenizers nor this Python do."""
+    encoded as UTF-8), and nothing that this Python's Unicode tables call unassigned (they are 16.0 in the sid root's
+    Python, as are those of tokenizers' Oniguruma): a newer utf8proc (Debian sid's) may know code points that neither
+    tokenizers nor this Python do. Letters and digits of Unicode 15.0 and 16.0 are drawn like any others: our
+    split regex takes \\p{L} and \\p{N} from Unicode 16.0 whatever the build's PCRE2 has (pre_tokenizer.cpp)."""
     while True:
         roll = rng.random()
         if roll < 0.15:
@@ -145,8 +132,7 @@ def random_code_point(rng):
             code = rng.randrange(0xE0000, 0x110000)
         char = chr(code)
         noncharacter = 0xFDD0 <= code <= 0xFDEF or code & 0xFFFE == 0xFFFE
-        if (0xD800 <= code <= 0xDFFF or (unicodedata.category(char) == "Cn" and not noncharacter) or
-                any(first <= code <= last for first, last in LETTERS_AFTER_UNICODE_14)):
+        if 0xD800 <= code <= 0xDFFF or (unicodedata.category(char) == "Cn" and not noncharacter):
             continue
         return char
 

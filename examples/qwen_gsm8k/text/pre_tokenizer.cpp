@@ -13,8 +13,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
+
+#include "qwen_gsm8k/text/unicode_ranges.hpp"
 
 namespace qwen::detail {
 namespace {
@@ -34,25 +37,75 @@ constexpr std::string_view kWhiteSpace =
     R"(\x{9}-\x{D}\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F})"
     R"(\x{205F}\x{3000})";
 
-// `pattern` with each \s spelled out as kWhiteSpace and each \S as its complement, so that PCRE2 splits as Oniguruma
-// does. Escapes, \Q...\E quotes and character classes are followed so that only real \s and \S are replaced; \S
-// inside a class has no spelling (PCRE2 has no class subtraction) and is refused.
-std::string with_white_space_classes(std::string_view pattern, const std::string& where) {
-  const std::string white_space(kWhiteSpace);
+// An escape that stands for a set of code points which is spelled out as class ranges.
+struct SpelledEscape {
+  std::string_view ranges;    // the set, as PCRE2 class ranges without brackets
+  std::string_view positive;  // the plain escape for the set: \s, \p{L} or \p{N}
+  bool negated = false;       // the escape means the complement of `ranges`
+  std::size_t length = 0;     // of the escape in the pattern, backslash included
+};
+
+// The escape whose backslash is at pattern[at] when it is one that is spelled out: \s, \S, and the letter and number
+// properties \p{L}, \p{N} and their negations \P{L}, \p{^L}, ... in every spelling that PCRE2 accepts (\pL, \p{ l },
+// ...: case, spaces, '_' and '-' are ignored in names); nullopt for any other escape.
+std::optional<SpelledEscape> spelled_escape(std::string_view pattern, std::size_t at) {
+  const char kind = pattern[at + 1];
+  if (kind == 's' || kind == 'S') return SpelledEscape{kWhiteSpace, "\\s", kind == 'S', 2};
+  if ((kind != 'p' && kind != 'P') || at + 2 >= pattern.size()) return std::nullopt;
+  std::string_view written = pattern.substr(at + 2, 1);
+  std::size_t length = 3;
+  if (written == "{") {
+    const std::size_t close = pattern.find('}', at + 3);
+    if (close == std::string_view::npos) return std::nullopt;  // PCRE2 has refused the pattern already
+    written = pattern.substr(at + 3, close - (at + 3));
+    length = close + 1 - at;
+  }
+  std::string name;  // as PCRE2 compares names
+  for (const char c : written) {
+    if (c != ' ' && c != '_' && c != '-') name += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  }
+  bool negated = kind == 'P';
+  if (!name.empty() && name.front() == '^') {
+    negated = !negated;
+    name.erase(0, 1);
+  }
+  if (name == "l") return SpelledEscape{kUnicodeLetters, "\\p{L}", negated, length};
+  if (name == "n") return SpelledEscape{kUnicodeNumbers, "\\p{N}", negated, length};
+  return std::nullopt;
+}
+
+// `pattern` with the classes that PCRE2 would take from its own tables spelled out as Oniguruma reads them: \s as
+// kWhiteSpace, \p{L} and \p{N} as Unicode 16.0's letters and numbers (unicode_ranges.hpp; the tables of `tokenizers`
+// 0.23 are 16.0) whatever Unicode version the build's PCRE2 has (14.0 in Debian 12's 10.42, 17.0 in Debian sid's
+// 10.49), and \S, \P{L} and \P{N} as their complements. Escapes, \Q...\E quotes and character classes are followed
+// so that only real escapes are replaced. A negated escape inside a class has no spelling (PCRE2 has no class
+// subtraction) and is refused. Other properties (\p{Lu}, \p{Han}, and \d, \w or [:alpha:] under PCRE2_UCP) keep
+// PCRE2's tables; the patterns of GPT-2 and Qwen2 have none.
+std::string with_spelled_classes(std::string_view pattern, const std::string& where) {
   std::string out;
   bool in_class = false;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
+      if (const auto escape = spelled_escape(pattern, i)) {
+        if (escape->negated && in_class) {
+          throw std::runtime_error(concat(where, ": the split pattern has ", pattern.substr(i, escape->length),
+                                          " inside a character class at offset ", i,
+                                          ", which is not supported (hint: write [^", escape->positive,
+                                          "...] instead)"));
+        }
+        if (in_class) {
+          out += escape->ranges;
+        } else {
+          out += escape->negated ? "[^" : "[";
+          out += escape->ranges;
+          out += ']';
+        }
+        i += escape->length - 1;
+        continue;
+      }
       const char escaped = pattern[++i];
-      if (escaped == 's') {
-        out += in_class ? white_space : "[" + white_space + "]";
-      } else if (escaped == 'S' && !in_class) {
-        out += "[^" + white_space + "]";
-      } else if (escaped == 'S') {
-        throw std::runtime_error(concat(where, ": the split pattern has \\S inside a character class at offset ", i - 1,
-                                        ", which is not supported (hint: write [^\\s...] instead)"));
-      } else if (escaped == 'Q') {  // a quote runs to \E or to the end: copied as it is
+      if (escaped == 'Q') {  // a quote runs to \E or to the end: copied as it is
         const std::size_t end = pattern.find("\\E", i + 1);
         const std::size_t stop = end == std::string_view::npos ? pattern.size() : end + 2;
         out.append(pattern.substr(i - 1, stop - (i - 1)));
@@ -118,7 +171,7 @@ void SplitRegex::CodeDeleter::operator()(pcre2_code* code) const noexcept {
 SplitRegex::SplitRegex(std::string_view pattern, bool literal, const std::string& where) {
   const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
   code_.reset(compile(pattern, options, where));  // as written first, so that an error names an offset in it
-  if (!literal) code_.reset(compile(with_white_space_classes(pattern, where), options, where));
+  if (!literal) code_.reset(compile(with_spelled_classes(pattern, where), options, where));
   pcre2_jit_compile(code_.get(), PCRE2_JIT_COMPLETE);  // the interpreter still works where the JIT is unavailable
 }
 

@@ -32,10 +32,10 @@ bool may_change_under_nfc(std::string_view text);
 std::string to_nfc(std::string_view text);
 
 // A Split pre-tokenizer with "Isolated" behaviour: every match is a piece, and so is every gap between matches.
-// \s means Unicode's White_Space, as in Oniguruma, which `tokenizers` runs. \p{L} and \p{N} come from PCRE2's own
-// Unicode tables, which can be older than those of `tokenizers` (Unicode 16.0 in 0.23): Debian 12's PCRE2 10.42 has
-// Unicode 14.0, so there letters and digits assigned in Unicode 15.0 to 16.0 (CJK extensions H and I, Kawi, Garay,
-// ...) are neither and split differently.
+// \s means Unicode's White_Space, as in Oniguruma, which `tokenizers` runs, and \p{L} and \p{N} mean Unicode 16.0's
+// letters and numbers, those of `tokenizers` 0.23, whatever Unicode version the build's PCRE2 has: its own tables
+// (14.0 in Debian 12's 10.42, 17.0 in Debian sid's 10.49) would split text with the letters and digits of the other
+// versions (CJK extensions H and J, Kawi, Garay, ...) differently. Both are spelled out as explicit class ranges.
 class SplitRegex {
  public:
   // `literal`: a {"String": ...} pattern, matched as is. Throws std::runtime_error naming `where` and the offset when
