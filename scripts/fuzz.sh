@@ -2,7 +2,7 @@
 # Fuzzing: builds the libFuzzer targets of tests/fuzz (clang, ASan + UBSan) and runs each for SECONDS (default 600)
 # from its committed seeds (tests/fuzz/corpus/<target>) and seeds made from ../shared; prints a table (target,
 # seconds, executions, result) and fails when any target found a crash, a hang, a leak or a sanitizer report.
-# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (CI: scripts/fuzz.sh 30). Findings: build-fuzz/findings/<target>/.
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (CI: scripts/fuzz.sh 20). Findings: build-fuzz/findings/<target>/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds=${1:-600}

@@ -1,4 +1,4 @@
-// One step's metrics row under verl's names (docs/driver.md has the table, ours -> verl's): the trained batch's
+// One step's metrics row under verl's names (docs/driver.md has the table): the trained batch's
 // scores, advantages and lengths (verl's compute_data_metrics), the actor's update (actor/*), timings (timing_s/*) and
 // throughput (perf/*). What verl has no name for keeps a prefix of its own: reward/* (each reward function's mean over
 // every sampled response), sampled/* (all responses drawn this step, kept or filtered), dapo/* (dynamic sampling's
