@@ -21,7 +21,7 @@ import tokenizers
 import transformers
 from transformers import AutoTokenizer
 
-from tokenizer_cases import random_code_point  # one place for what random characters may be
+from tokenizer_cases import load_gsm8k, random_code_point  # one place for what random characters may be
 
 ROLES = ("system", "user", "assistant")  # render_chat refuses any other role by design
 
@@ -77,21 +77,6 @@ def random_text(rng):
     if rng.random() < 0.5:
         return "".join(random_code_point(rng) for _ in range(rng.randint(1, 6)))
     return "".join(rng.choice("ab Z9'\"\\{}%#<|>_\t\n\r\x0b\x0c  .,!-") for _ in range(rng.randint(1, 24)))
-
-
-def gsm8k_texts(shared):
-    """A few hundred GSM8K questions and answers (the driver's prompts and replies), or none without the data."""
-    path = os.path.join(shared, "data", "gsm8k", "train.jsonl")
-    if not os.path.exists(path):
-        return []
-    texts = []
-    with open(path, encoding="utf-8") as lines:
-        for i, line in enumerate(lines):
-            if i >= 300:
-                break
-            item = json.loads(line)
-            texts += [item["question"], item["answer"]]
-    return texts
 
 
 def content(rng, gsm8k):
@@ -153,7 +138,7 @@ def write(out_dir, seed, count):
     if not os.path.isdir(tokenizer_dir):
         raise SystemExit(f"chat_cases: {tokenizer_dir} not found (set DAPO_SHARED_DIR to the shared/ directory)")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    gsm8k = gsm8k_texts(shared)
+    gsm8k = load_gsm8k(shared, lines_read=300)  # the driver's prompts and replies
     normalizer = tokenizer.backend_tokenizer.normalizer
     rng = random.Random(seed)
     cases, newer_marks = [], 0

@@ -110,6 +110,17 @@ def save_config_model(name, choices, out):
             "greedy_min_margin": facts["greedy_min_margin"]}
 
 
+def left_padded(prompts, pad):
+    """input_ids and attention_mask [B, longest prompt] of `prompts`, left-padded with `pad` (as generate() takes them)."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt):] = 1
+    return input_ids, attention_mask
+
+
 def generation_case(name, out):
     """transformers' generate() on a left-padded batch, greedy, with EOS and pad ids, rows that stop early."""
     directory = out / "configs" / name
@@ -146,12 +157,8 @@ def generation_case(name, out):
     # The pad: an id that occurs in no prompt and no continuation, so that padding cannot pass for a token.
     used = {t for rows in (prompts, continuations) for row in rows for t in row}
     pad = min(set(range(model.config.vocab_size)) - used)
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention_mask[row, width - len(prompt):] = 1
+    input_ids, attention_mask = left_padded(prompts, pad)
+    width = input_ids.shape[1]
     with torch.no_grad():
         generated = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new_tokens,
@@ -272,12 +279,7 @@ def check_checkpoints(out, directories):
         # A left-padded batch of three questions' first tokens, pad = the tokenizer's pad id.
         pad = tokenizer.pad_token_id
         prompts = [ids[0][:12], ids[1][:5], ids[2][:9]]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            attention_mask[row, width - len(prompt):] = 1
+        input_ids, attention_mask = left_padded(prompts, pad)
         position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
         with torch.no_grad():
             logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits

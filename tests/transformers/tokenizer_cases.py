@@ -99,15 +99,15 @@ GSM8K_TEMPLATES = [
 NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Mark", "Albert", "Ken", "Alexis", "Tina", "José", "Zoë", "李雷"]
 
 
-def load_gsm8k(shared):
-    """Some GSM8K train questions and answers, or none when the data is absent."""
+def load_gsm8k(shared, lines_read=400):
+    """The questions and answers of GSM8K's first `lines_read` training lines, or none when the data is absent."""
     path = os.path.join(shared, "data", "gsm8k", "train.jsonl")
     if not os.path.exists(path):
         return []
     texts = []
     with open(path, encoding="utf-8") as lines:
         for i, line in enumerate(lines):
-            if i >= 400:
+            if i >= lines_read:
                 break
             item = json.loads(line)
             texts += [item["question"], item["answer"]]
