@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -30,6 +31,7 @@
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/device.hpp"
+#include "support/flags.hpp"
 #include "support/harness.hpp"
 #include "support/shapes.hpp"
 
@@ -47,53 +49,24 @@ struct Args {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
-double parse_positive(const std::string& flag, const std::string& value) {
-  std::size_t used = 0;
-  double number = 0;
-  try {
-    number = std::stod(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size() || !(number > 0) || !std::isfinite(number)) {
-    throw std::invalid_argument(flag + " is '" + value + "', expected a positive number");
-  }
-  return number;
-}
-
-// Throws std::invalid_argument naming the bad flag, before any work (the device's availability included).
-Args parse_args(int argc, char** argv) {
+// Throws std::invalid_argument naming the bad flag, before any work (the device's availability included); nullopt
+// when --help printed the flags.
+std::optional<Args> parse_args(int argc, char** argv) {
   Args args;
   std::string device = "cuda";
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (or is not an option)");
-    const std::string value = argv[i + 1];
-    if (flag == "--shape")
-      args.shape = value;
-    else if (flag == "--device")
-      device = value;
-    else if (flag == "--dtype")
-      args.dtype_name = value;
-    else if (flag == "--batch")
-      args.batch = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--prompt")
-      args.prompt = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--new-tokens")
-      args.new_tokens = dapo::bench::parse_int(flag, value, 2);  // decode time per step = (t_N - t_1) / (N - 1)
-    else if (flag == "--repeats")
-      args.repeats = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--bandwidth-gbs")
-      args.bandwidth_gbs = parse_positive(flag, value);
-    else if (flag == "--threads")
-      args.threads = static_cast<int>(dapo::bench::parse_int(flag, value, 1));
-    else if (flag == "--json")
-      args.json_path = value;
-    else
-      throw std::invalid_argument("unknown option " + flag +
-                                  " (expected --shape, --device, --dtype, --batch, --prompt, --new-tokens, --repeats, "
-                                  "--bandwidth-gbs, --json or --threads)");
-  }
+  dapo::bench::Flags flags("generate_bench");
+  flags.text("--shape", args.shape, "NAME", "qwen2.5-1.5b, qwen2.5-0.5b, small or demo")
+      .text("--device", device, "DEVICE", "cpu, cuda or cuda:N")
+      .text("--dtype", args.dtype_name, "TYPE", "float32 or bfloat16 (default bfloat16 on cuda, float32 on cpu)")
+      .integer("--batch", args.batch, 1, "B", "prompts decoded together")
+      .integer("--prompt", args.prompt, 1, "P", "tokens per prompt")
+      // At least 2: decode time per step = (t_N - t_1) / (N - 1).
+      .integer("--new-tokens", args.new_tokens, 2, "N", "tokens generated per prompt")
+      .integer("--repeats", args.repeats, 1, "R", "timed runs, of which the median counts")
+      .positive("--bandwidth-gbs", args.bandwidth_gbs, "GB/s", "memory bandwidth of the bound")
+      .text("--json", args.json_path, "PATH", "where the JSON record goes")
+      .integer("--threads", args.threads, 1, "T", "CPU threads");
+  if (!flags.parse(argc, argv)) return std::nullopt;
   const qwen::Config config = dapo::bench::model_shape(args.shape);  // throws for an unknown shape
   if (args.prompt + args.new_tokens > config.max_position_embeddings) {
     throw std::invalid_argument("--prompt " + std::to_string(args.prompt) + " + --new-tokens " +
@@ -333,15 +306,16 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   qwen::use_passive_thread_pools(argv);
-  Args args;
+  std::optional<Args> args;
   try {
     args = parse_args(argc, argv);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "generate_bench: %s\n", error.what());
     return 2;
   }
+  if (!args) return 0;  // --help
   try {
-    return run(args);
+    return run(*args);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "generate_bench: %s\n", error.what());
     return 1;

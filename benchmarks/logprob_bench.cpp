@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "support/flags.hpp"
 #include "support/harness.hpp"
 #include "support/tracking_allocator.hpp"
 
@@ -48,16 +49,13 @@ Run forward_backward(bool chunked, int64_t chunk_size, const at::Tensor& hidden0
 
 int main(int argc, char** argv) try {
   std::string json_path = "logprob_bench.json";
+  int threads = 2;
   int64_t tokens = 2048;
-  std::vector<char*> rest{argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--tokens" && i + 1 < argc) {
-      tokens = std::stoll(argv[++i]);
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  const int threads = dapo::bench::parse_threads(static_cast<int>(rest.size()), rest.data(), json_path);
+  dapo::bench::Flags flags("logprob_bench");
+  flags.integer("--threads", threads, 1, "N", "CPU threads")
+      .text("--json", json_path, "PATH", "where the JSON record goes")
+      .integer("--tokens", tokens, 1, "N", "tokens (rows of hidden)");
+  if (!flags.parse(argc, argv)) return 0;
   at::set_num_threads(threads);
   auto& memory = dapo::bench::TrackingAllocator::install();
   at::manual_seed(0);

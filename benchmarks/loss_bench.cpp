@@ -7,6 +7,7 @@
 
 #include <cstdio>
 
+#include "support/flags.hpp"
 #include "support/harness.hpp"
 
 namespace {
@@ -40,7 +41,11 @@ void forward_backward(const Batch& b, const dapo::PolicyLossOptions& options, Lo
 
 int main(int argc, char** argv) try {
   std::string json_path = "loss_bench.json";
-  const int threads = dapo::bench::parse_threads(argc, argv, json_path);
+  int threads = 2;
+  dapo::bench::Flags flags("loss_bench");
+  flags.integer("--threads", threads, 1, "N", "CPU threads")
+      .text("--json", json_path, "PATH", "where the JSON record goes");
+  if (!flags.parse(argc, argv)) return 0;
   at::set_num_threads(threads);
   at::manual_seed(0);
   const dapo::PolicyLossOptions options{.clip_low = 0.2, .clip_high = 0.28, .dual_clip = 3.0};

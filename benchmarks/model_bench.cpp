@@ -19,9 +19,10 @@
 #include <string>
 
 #include "qwen_gsm8k/cli/runtime.hpp"
-#include "qwen_gsm8k/common/memory_tracker.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "support/flags.hpp"
 #include "support/harness.hpp"
 #include "support/shapes.hpp"
 
@@ -186,19 +187,12 @@ int main(int argc, char** argv) try {
   std::string dir = "/tmp/dapo-model-bench-qwen2.5-0.5b", json_path = "model_bench.json";
   int threads = 2;
   int64_t new_tokens = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--dir")
-      dir = argv[i + 1];
-    else if (flag == "--threads")
-      threads = std::stoi(argv[i + 1]);
-    else if (flag == "--json")
-      json_path = argv[i + 1];
-    else if (flag == "--new-tokens")
-      new_tokens = std::stoll(argv[i + 1]);
-    else
-      throw std::invalid_argument("unknown option " + flag);
-  }
+  dapo::bench::Flags flags("model_bench");
+  flags.text("--dir", dir, "DIR", "where the random model is written once and loaded from")
+      .integer("--threads", threads, 1, "N", "CPU threads")
+      .text("--json", json_path, "PATH", "where the JSON record goes")
+      .integer("--new-tokens", new_tokens, 1, "N", "tokens decoded per prompt");
+  if (!flags.parse(argc, argv)) return 0;
   at::set_num_threads(threads);
   if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
     std::printf("writing a random Qwen2.5-0.5B-shaped model to %s ...\n", dir.c_str());

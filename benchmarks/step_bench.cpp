@@ -29,6 +29,7 @@
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 #include "support/device.hpp"
+#include "support/flags.hpp"
 #include "support/harness.hpp"
 #include "support/shapes.hpp"
 
@@ -44,43 +45,26 @@ struct Args {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
-// Throws std::invalid_argument naming a bad flag, before any work (the device's availability included).
-Args parse_args(int argc, char** argv) {
+// Throws std::invalid_argument naming a bad flag, before any work (the device's availability included); nullopt when
+// --help printed the flags.
+std::optional<Args> parse_args(int argc, char** argv) {
   Args args;
   std::string device = "cpu";
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (or is not an option)");
-    const std::string value = argv[i + 1];
-    if (flag == "--shape")
-      args.shape = value;
-    else if (flag == "--prompts")
-      args.prompts = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--rollout-n")
-      args.rollout_n = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--new-tokens")
-      args.new_tokens = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--mini")
-      args.mini = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--micro")
-      args.micro = dapo::bench::parse_int(flag, value, 0);
-    else if (flag == "--device")
-      device = value;
-    else if (flag == "--autocast")
-      args.autocast_name = value;
-    else if (flag == "--epochs")
-      args.epochs = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--steps")
-      args.steps = dapo::bench::parse_int(flag, value, 1);
-    else if (flag == "--threads")
-      args.threads = static_cast<int>(dapo::bench::parse_int(flag, value, 1));
-    else if (flag == "--json")
-      args.json_path = value;
-    else if (flag == "--tokenizer")
-      args.tokenizer_dir = value;
-    else
-      throw std::invalid_argument("unknown option " + flag);
-  }
+  dapo::bench::Flags flags("step_bench");
+  flags.text("--shape", args.shape, "NAME", "demo, small, qwen2.5-0.5b or qwen2.5-1.5b")
+      .integer("--prompts", args.prompts, 1, "P", "prompts per step")
+      .integer("--rollout-n", args.rollout_n, 1, "G", "responses per prompt")
+      .integer("--new-tokens", args.new_tokens, 1, "N", "most tokens per response")
+      .integer("--mini", args.mini, 1, "P", "prompts per update (mini-batch)")
+      .integer("--micro", args.micro, 0, "P", "prompts per forward/backward; 0 = the mini-batch")
+      .text("--device", device, "DEVICE", "cpu, cuda or cuda:N")
+      .text("--autocast", args.autocast_name, "TYPE", "bfloat16, float16 or off (default bfloat16 on cuda, off on cpu)")
+      .integer("--epochs", args.epochs, 1, "E", "PPO epochs per step")
+      .integer("--steps", args.steps, 1, "S", "timed steps")
+      .integer("--threads", args.threads, 1, "T", "CPU threads")
+      .text("--json", args.json_path, "PATH", "where the JSON record goes")
+      .text("--tokenizer", args.tokenizer_dir, "DIR", "the Qwen2.5 tokenizer.json's folder (all shapes but demo)");
+  if (!flags.parse(argc, argv)) return std::nullopt;
   args.device = dapo::bench::parse_device(device);
   dapo::bench::model_shape(args.shape);  // throws for an unknown shape
   if (args.shape != "demo" && args.tokenizer_dir.empty()) {
@@ -215,16 +199,17 @@ void run(const Args& args) {
 
 int main(int argc, char** argv) {
   qwen::use_passive_thread_pools(argv);
-  Args args;
+  std::optional<Args> args;
   try {
     args = parse_args(argc, argv);
-    step_options(args).validate();  // the trainer's own checks (--micro divides --mini, ...), before any work
+    if (!args) return 0;             // --help
+    step_options(*args).validate();  // the trainer's own checks (--micro divides --mini, ...), before any work
   } catch (const std::exception& error) {
     std::fprintf(stderr, "step_bench: %s\n", error.what());
     return 2;
   }
   try {
-    run(args);
+    run(*args);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "step_bench: %s\n", error.what());
     return 1;

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "qwen_gsm8k/text/tokenizer.hpp"
+#include "support/flags.hpp"
 
 namespace {
 
@@ -20,21 +22,14 @@ struct Options {
   std::string tokenizer_dir, data_path, json_path;
 };
 
-Options parse_options(int argc, char** argv) {
+// Throws std::invalid_argument naming a bad flag; nullopt when --help printed the flags.
+std::optional<Options> parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-    if (flag == "--tokenizer") {
-      options.tokenizer_dir = argv[i + 1];
-    } else if (flag == "--data") {
-      options.data_path = argv[i + 1];
-    } else if (flag == "--json") {
-      options.json_path = argv[i + 1];
-    } else {
-      throw std::invalid_argument("unknown flag " + flag + " (expected --tokenizer, --data, --json)");
-    }
-  }
+  dapo::bench::Flags flags("tokenizer_bench");
+  flags.text("--tokenizer", options.tokenizer_dir, "DIR", "the folder of tokenizer.json (required)")
+      .text("--data", options.data_path, "FILE", "GSM8K's train.jsonl (required)")
+      .text("--json", options.json_path, "PATH", "where the JSON record goes (none if not given)");
+  if (!flags.parse(argc, argv)) return std::nullopt;
   if (options.tokenizer_dir.empty() || options.data_path.empty()) {
     throw std::invalid_argument("usage: tokenizer_bench --tokenizer DIR --data train.jsonl [--json PATH]");
   }
@@ -77,7 +72,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const Options options = parse_options(argc, argv);
+  const std::optional<Options> parsed = parse_options(argc, argv);
+  if (!parsed) return 0;  // --help
+  const Options& options = *parsed;
 
   const auto load_start = std::chrono::steady_clock::now();
   const auto tokenizer = qwen::Tokenizer::from_directory(options.tokenizer_dir);

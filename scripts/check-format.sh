@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if ! command -v clang-format > /dev/null; then
   if [[ $(id -u) -eq 0 ]]; then
-    apt-get update > /dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y clang-format > /dev/null
+    flock /run/lock/dapo-apt apt-get update > /dev/null  # one apt at a time, as scripts/setup.sh
+    DEBIAN_FRONTEND=noninteractive flock /run/lock/dapo-apt apt-get install -y clang-format > /dev/null
   else
     echo "check-format: clang-format is missing; sudo apt-get install -y clang-format" >&2
     exit 1

@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
 # Prepares device-carry/ (git-ignored) for scripts/device-check.sh on a GPU machine that has no apt and no network:
-# the Debian 12 packages of the build dependencies that PyTorch's LibTorch does not bring (downloaded with
-# `apt-get download`, unpacked there with dpkg -x into a prefix), and a copy of ../shared, the tests' reference data
-# (carried, never committed). Then prints what to send: the command, the folder to carry and the time limit.
+# the Debian 12 packages of the build dependencies that PyTorch's LibTorch does not bring (scripts/device-packages.txt;
+# downloaded with `apt-get download` from the archive of this machine's apt sources, unpacked there with dpkg -x into a
+# prefix), and a copy of ../shared, the tests' reference data (carried, never committed). Then prints what to send:
+# the command, the folder to carry and the time limit.
 #   bash scripts/device-prepare.sh            download (once) and check the size
 #   bash scripts/device-prepare.sh --unpack   also unpack into build-device/prefix and check it (what CI runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 carry=device-carry
-# Headers and CMake/pkg-config files of the build, the runtime libraries they link, pkgconf (CMake's pkg_check_modules
-# needs a pkg-config; the GPU machine may have none), and gloo's headers (LibTorch's c10d headers include them; used
-# only when PyTorch's own include/ lacks them). No tcmalloc: the device build uses the system allocator.
-packages=(doctest-dev nlohmann-json3-dev libcli11-dev libeigen3-dev
-          libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2
-          pkgconf-bin libpkgconf3 libgloo-dev)
+# The packages to carry (scripts/device-packages.txt says which and why).
+mapfile -t packages < <(grep -v '^#' scripts/device-packages.txt | grep -v '^$')
 shared=${DAPO_SHARED_DIR:-../shared}
 
 mkdir -p "$carry/debs"
@@ -26,7 +23,7 @@ if ((${#missing[@]})); then
   echo "device-prepare: downloading ${missing[*]}"
   if ! (cd "$carry/debs" && apt-get download -q "${missing[@]}"); then
     echo "device-prepare: apt-get download failed; updating the package lists and trying again"
-    apt-get update -q
+    flock /run/lock/dapo-apt apt-get update -q  # one apt at a time, as scripts/setup.sh
     (cd "$carry/debs" && apt-get download -q "${missing[@]}")
   fi
 fi

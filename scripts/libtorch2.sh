@@ -8,7 +8,8 @@
 #                                                         build-sid/) and run the tests
 #   scripts/libtorch2.sh [trixie] cuda                    compile the CUDA build against Debian 13's
 #                                                         libtorch-cuda-dev headers with /usr/local/cuda's nvcc, in
-#                                                         build-cuda/ (see docs/platforms.md)
+#                                                         build-cuda/ (scripts/cuda-compile-in-root.sh, run in the
+#                                                         root; see docs/platforms.md)
 #   scripts/libtorch2.sh [trixie|sid] root                only make (or find) the root and print its path
 #   scripts/libtorch2.sh [trixie|sid] shell               a shell in the root, the clone at /src, ../shared at /shared
 #   scripts/libtorch2.sh sid python FILE [ARGS]           python3 FILE ARGS in the sid root, which holds transformers
@@ -67,7 +68,9 @@ make_root() {
   [[ -f $root/.dapo-root-complete ]] && return 0
   command -v mmdebstrap > /dev/null || {
     echo "libtorch2: installing mmdebstrap"
-    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y mmdebstrap
+    # One apt at a time (flock): CI runs this beside scripts/setup.sh's installs.
+    flock /run/lock/dapo-apt apt-get update
+    DEBIAN_FRONTEND=noninteractive flock /run/lock/dapo-apt apt-get install -y mmdebstrap
   }
   echo "libtorch2: making the Debian $suite root $root (once per package list; 1 to 14 minutes, by the mirror)"
   mkdir -p "$cache"
@@ -118,7 +121,7 @@ case $mode in
   cuda)
     [[ $suite == trixie ]] || { echo "libtorch2: the CUDA compile check runs in the trixie root" >&2; exit 2; }
     [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "libtorch2: the CUDA check needs nvcc in /usr/local/cuda" >&2; exit 1; }
-    with_cuda=1 in_root "bash scripts/cuda-compile.sh $*" ;;
+    with_cuda=1 in_root "bash scripts/cuda-compile-in-root.sh $*" ;;
   python)
     [[ $suite == sid ]] || { echo "libtorch2: transformers is in the sid root: scripts/libtorch2.sh sid python FILE" >&2; exit 2; }
     (($# >= 1)) || { echo "libtorch2: python needs a file to run" >&2; exit 2; }

@@ -14,8 +14,9 @@ done
 if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]]; then
     echo "dapo: installing ${missing[*]}"
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+    # One apt at a time: CI makes its Debian roots (scripts/libtorch2.sh installs mmdebstrap) while this runs.
+    flock /run/lock/dapo-apt apt-get update
+    DEBIAN_FRONTEND=noninteractive flock /run/lock/dapo-apt apt-get install -y "${missing[@]}"
   else
     echo "dapo: missing Debian packages; run this, then try again:" >&2
     echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2

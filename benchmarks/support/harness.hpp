@@ -118,33 +118,4 @@ inline void write_json(const nlohmann::json& record, const std::string& path) {
   out << record.dump(2) << "\n";
 }
 
-// A command-line integer, the whole text, at least `minimum`; throws std::invalid_argument naming the flag.
-inline int64_t parse_int(const std::string& flag, const std::string& value, int64_t minimum) {
-  std::size_t used = 0;
-  long long number = 0;
-  try {
-    number = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size() || number < minimum) {
-    throw std::invalid_argument(flag + " is '" + value + "', expected an integer >= " + std::to_string(minimum));
-  }
-  return number;
-}
-
-inline int parse_threads(int argc, char** argv, std::string& json_path) {
-  int threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--threads")
-      threads = std::stoi(argv[i + 1]);
-    else if (flag == "--json")
-      json_path = argv[i + 1];
-    else
-      throw std::invalid_argument("unknown option " + flag + " (expected --threads N, --json PATH)");
-  }
-  return threads;
-}
-
 }  // namespace dapo::bench

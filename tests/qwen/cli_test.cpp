@@ -311,7 +311,7 @@ TEST_CASE("cli: an --output that holds a run is refused unless --resume or --ove
   SUBCASE("--overwrite removes the run's files and only those") {
     make_run();
     qwen::cli::prepare_train_output(train_with({"--overwrite"})->command);
-    CHECK(qwen::cli::run_files_in(run).empty());
+    CHECK(qwen::RunDirectory{run}.files_present().empty());
     CHECK_FALSE(fs::exists(run / "rollouts"));
     CHECK_FALSE(fs::exists(run / "events.out.tfevents.1.host"));
     CHECK(fs::exists(run / "notes.txt"));
@@ -329,7 +329,7 @@ TEST_CASE("cli: an --output that holds a run is refused unless --resume or --ove
     Demo overwriting;
     parse(overwriting.app, {"demo", "--output", run.string(), "--overwrite"});
     qwen::cli::prepare_demo_output(overwriting.command);
-    CHECK(qwen::cli::run_files_in(run).empty());
+    CHECK(qwen::RunDirectory{run}.files_present().empty());
     CHECK(fs::exists(run / "notes.txt"));
   }
 }

@@ -1,5 +1,6 @@
 // The driver's file helpers (common/): write_file_atomically leaves the old file or the whole new one and never a
-// .tmp behind, whatever fails; read_json_lines reads rows and names file:line for a bad one.
+// .tmp behind, whatever fails; read_json_lines reads rows and names file:line for a bad one; the run directory refuses,
+// resumes or overwrites a run and removes only the run's own files.
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -9,9 +10,11 @@
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/common/json_lines.hpp"
+#include "qwen_gsm8k/common/run_directory.hpp"
 #include "support/files.hpp"
 #include "support/qwen_fixtures.hpp"
 
@@ -138,4 +141,34 @@ TEST_CASE("read_json_lines: rows, blank lines, CRLF; a malformed line names file
                        std::runtime_error);
   write_file(dir.path() / "empty.jsonl", "");
   CHECK(qwen::read_json_lines(dir.path() / "empty.jsonl").empty());
+}
+
+TEST_CASE("run directory: names, what a run holds, and refuse / resume / overwrite touching only the run's files") {
+  dapo::test::ScratchDir scratch;
+  const qwen::RunDirectory run{scratch.path() / "out"};
+  CHECK(run.rollout_log(7) == scratch.path() / "out" / "rollouts" / "step-000007.jsonl");
+  CHECK(run.metrics().filename() == "metrics.jsonl");
+  run.prepare(qwen::OutputReuse::kRefuse, "hint");  // a new directory: created, nothing refused
+  CHECK(fs::is_directory(run.root));
+  CHECK(run.files_present().empty());
+
+  write_file(run.metrics(), "{}\n");
+  write_file(run.eval(), "{}\n");
+  fs::create_directories(run.checkpoints() / "step-000001");
+  fs::create_directories(run.rollouts());
+  fs::create_directories(run.plots());
+  write_file(run.report(), "<html>");
+  write_file(run.root / "events.out.tfevents.1.host.2.0", "x");
+  write_file(run.root / "notes.txt", "mine");
+  CHECK(run.files_present() == std::vector<std::string>{"metrics.jsonl", "eval.jsonl", "checkpoints/"});
+  CHECK_THROWS_WITH_AS(
+      run.prepare(qwen::OutputReuse::kRefuse, "pass --overwrite"),
+      doctest::Contains("already holds a run (metrics.jsonl, eval.jsonl, checkpoints/): pass --overwrite"),
+      std::invalid_argument);
+  run.prepare(qwen::OutputReuse::kResume, "hint");
+  CHECK(run.files_present().size() == 3);
+  run.prepare(qwen::OutputReuse::kOverwrite, "hint");
+  CHECK(run.files_present().empty());
+  CHECK(entries_in(run.root) == 1);  // notes.txt only
+  CHECK(read_file(run.root / "notes.txt") == "mine");
 }

@@ -2,9 +2,9 @@
 // what it allocates (a tracking CPU allocator): no prompt x vocabulary logits, the KV cache in autocast's dtype.
 #include <torch/torch.h>
 
-#include "qwen_gsm8k/common/memory_tracker.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 #include "support/tiny_model.hpp"

@@ -308,6 +308,23 @@ TEST_CASE("train options are checked with the option named") {
   CHECK(error_of(bad).find("autocast must be bfloat16 or float16") != std::string::npos);
 }
 
+TEST_CASE("--max-new-tokens sets the generation budget, overlong shaping, Dr. GRPO's divisor and the truncated count") {
+  auto options = dapo::test::small_train_options({});
+  options.max_new_tokens = 37;
+  const auto tokenizer = qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+  const qwen::ResponseBudget budget = qwen::response_budget(options);
+  CHECK(budget.generation_tokens == 37);
+  CHECK(budget.overlong_max_length == 37);
+  CHECK(budget.norm_length == 37.0);
+  CHECK(budget.truncated_at == 37);
+  const qwen::RolloutOptions rollout = qwen::rollout_options(options, tokenizer);
+  CHECK(rollout.generation.max_new_tokens == 37);
+  CHECK(rollout.rewards.max_length == 37);
+  options.loss.norm_length = 512.0;  // set explicitly (TRL's max_completion_length differing from the budget)
+  CHECK(qwen::response_budget(options).norm_length == 512.0);
+  CHECK(qwen::response_budget(options).generation_tokens == 37);
+}
+
 TEST_CASE("a non-finite gradient skips its update: weights and AdamW state untouched, the skip counted") {
   const qwen::Config config = dapo::test::tiny_qwen_config(32, 16, 2, 1, 1);
   // Two groups of two responses; one optimizer update over both, in two micro-batches of one group.

@@ -95,8 +95,9 @@ void add_demo_command(CLI::App& app, DemoCommand& command) {
 }
 
 void prepare_demo_output(const DemoCommand& command) {
-  prepare_output_dir(command.output, command.overwrite ? OutputReuse::kOverwrite : OutputReuse::kRefuse,
-                     "pass --overwrite to replace it (scripts/demo.sh does), or choose another --output");
+  RunDirectory{command.output}.prepare(
+      command.overwrite ? OutputReuse::kOverwrite : OutputReuse::kRefuse,
+      "pass --overwrite to replace it (scripts/demo.sh does), or choose another --output");
 }
 
 int run_demo_command(const DemoCommand& command, const DistributedConfig& distributed) {

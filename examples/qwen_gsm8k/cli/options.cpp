@@ -406,36 +406,6 @@ std::string byte_size_text(int64_t bytes) {
   return best;
 }
 
-std::vector<std::string> run_files_in(const std::filesystem::path& dir) {
-  std::vector<std::string> found;
-  for (const char* file : {"metrics.jsonl", "eval.jsonl", "summary.json"}) {
-    if (std::filesystem::exists(dir / file)) found.emplace_back(file);
-  }
-  if (std::filesystem::exists(dir / "checkpoints")) found.emplace_back("checkpoints/");
-  return found;
-}
-
-void prepare_output_dir(const std::filesystem::path& dir, OutputReuse reuse, const std::string& hint) {
-  const std::vector<std::string> found = run_files_in(dir);
-  if (found.empty() || reuse == OutputReuse::kResume) return;
-  if (reuse == OutputReuse::kRefuse) {
-    throw std::invalid_argument("--output " + dir.string() + " already holds a run (" + joined(found, ", ") +
-                                "): " + hint);
-  }
-  std::error_code error;
-  for (const char* name :
-       {"metrics.jsonl", "eval.jsonl", "summary.json", "report.html", "checkpoints", "plots", "rollouts"}) {
-    std::filesystem::remove_all(dir / name, error);
-    if (error) throw std::runtime_error((dir / name).string() + ": cannot remove (--overwrite): " + error.message());
-  }
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) {
-      std::filesystem::remove(entry.path(), error);
-      if (error) throw std::runtime_error(entry.path().string() + ": cannot remove (--overwrite): " + error.message());
-    }
-  }
-}
-
 bool prepares_output_here() {
   const char* rank = std::getenv("RANK");
   return rank == nullptr || std::string(rank) == "0";

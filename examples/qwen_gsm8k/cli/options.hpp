@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "qwen_gsm8k/common/run_directory.hpp"
 #include "qwen_gsm8k/dist/distributed.hpp"
 #include "qwen_gsm8k/train/train_options.hpp"
 
@@ -84,19 +85,6 @@ int64_t parse_byte_size(const std::string& text);
 // The shortest of those spellings that parse_byte_size reads back to `bytes`.
 std::string byte_size_text(int64_t bytes);
 
-// What a command may do with an --output directory that already holds a run (metrics.jsonl, eval.jsonl,
-// checkpoints/ or summary.json).
-enum class OutputReuse {
-  kRefuse,     // the default: an error naming what is there and the flags that allow it
-  kResume,     // train --resume: the run continues in place
-  kOverwrite,  // --overwrite: the old run's files are removed first
-};
-// Applies `reuse` to `dir` before anything is written. kOverwrite removes the run's files (metrics.jsonl, eval.jsonl,
-// summary.json, report.html, checkpoints/, plots/, rollouts/, events.out.tfevents.*) and nothing else. Throws
-// std::invalid_argument (kRefuse) naming the directory and what it holds; `hint` says which flags allow reuse.
-void prepare_output_dir(const std::filesystem::path& dir, OutputReuse reuse, const std::string& hint);
-// The run files `dir` holds ("metrics.jsonl", "checkpoints/", ...), empty for a new or empty directory.
-std::vector<std::string> run_files_in(const std::filesystem::path& dir);
 // Whether this process is the one that prepares the output: a single process, the --nproc launcher, or rank 0 of a
 // torchrun-style launch (RANK unset or 0). Other ranks never write the output directory.
 bool prepares_output_here();

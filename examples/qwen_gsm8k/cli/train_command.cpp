@@ -142,8 +142,8 @@ void prepare_train_output(const TrainCommand& command) {
   const OutputReuse reuse = !command.resume.empty() ? OutputReuse::kResume
                             : command.overwrite     ? OutputReuse::kOverwrite
                                                     : OutputReuse::kRefuse;
-  prepare_output_dir(command.output, reuse,
-                     "pass --resume DIR to continue it, --overwrite to replace it, or choose another --output");
+  RunDirectory{command.output}.prepare(
+      reuse, "pass --resume DIR to continue it, --overwrite to replace it, or choose another --output");
 }
 
 int run_train_command(TrainCommand command, const DistributedConfig& distributed) {
@@ -190,7 +190,7 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
   const RunResult result = trainer.run();
   communicator->barrier();  // rank 0 serves the rendezvous store: it leaves last
   if (!result.stopped) return 0;
-  const std::string checkpoints = (std::filesystem::path(command.output) / "checkpoints").string();
+  const std::string checkpoints = RunDirectory{command.output}.checkpoints().string();
   return report_stop(communicator->is_root(), result, "continue with the same command plus --resume " + checkpoints);
 }
 

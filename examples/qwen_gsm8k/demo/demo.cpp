@@ -10,6 +10,7 @@
 #include <string>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
+#include "qwen_gsm8k/common/run_directory.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
@@ -148,7 +149,7 @@ void print_demo_table(const DemoOptions& options, const nlohmann::json& summary)
   std::printf("%-28s %10.3f\n", options.algorithm == Algorithm::kDapo ? "after DAPO" : "after GRPO", after);
   std::printf("%-28s %+10.3f\n", "change", after - before);
   std::printf("%-28s %9.0fs\n", "wall time", summary["wall_seconds"].get<double>());
-  std::printf("report: %s\n", (options.output_dir / "report.html").string().c_str());
+  std::printf("report: %s\n", RunDirectory{options.output_dir}.report().string().c_str());
 }
 
 }  // namespace
@@ -229,7 +230,9 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
   }
   if (root) {
     std::filesystem::create_directories(options.output_dir);
-    for (const char* stale : {"metrics.jsonl", "eval.jsonl"}) std::filesystem::remove(options.output_dir / stale);
+    for (const char* stale : {RunDirectory::kMetrics, RunDirectory::kEval}) {
+      std::filesystem::remove(options.output_dir / stale);
+    }
   }
   torch::manual_seed(static_cast<int64_t>(options.seed));
   const DemoProblems problems =
@@ -275,7 +278,7 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
   const nlohmann::json summary = demo_summary(options, train_options, trainer.evals(), communicator->world_size(),
                                               device, warm, warm_seconds, wall);
   if (!root) return summary;
-  write_file_atomically(options.output_dir / "summary.json", summary.dump(2) + "\n");
+  write_file_atomically(RunDirectory{options.output_dir}.summary(), summary.dump(2) + "\n");
   if (!options.quiet) print_demo_table(options, summary);
   return summary;
 }

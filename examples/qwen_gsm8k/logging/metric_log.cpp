@@ -7,6 +7,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "qwen_gsm8k/common/run_directory.hpp"
+
 namespace qwen {
 
 void check_logger_names(const std::vector<std::string>& names) {
@@ -48,14 +50,14 @@ TensorBoardWriter* MetricLog::tensorboard() {
 
 void MetricLog::log_step(const nlohmann::json& row) {
   if (output_dir_.empty()) return;
-  if (jsonl_) append("metrics.jsonl", row);
+  if (jsonl_) append(RunDirectory::kMetrics, row);
   if (auto* writer = tensorboard()) writer->add_scalars(row.at("step").get<int64_t>(), row_scalars(row));
 }
 
 void MetricLog::log_eval(const nlohmann::json& row) {
   if (output_dir_.empty()) return;
   // eval.jsonl is always written: the report, the comparison and resume read it.
-  append("eval.jsonl", row);
+  append(RunDirectory::kEval, row);
   if (auto* writer = tensorboard()) {
     std::vector<std::pair<std::string, double>> scalars;
     for (auto [key, value] : row_scalars(row)) scalars.emplace_back("eval/" + key, value);

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "qwen_gsm8k/common/run_directory.hpp"
+
 namespace qwen {
 namespace {
 
@@ -108,7 +110,7 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& output_dir) {
   static std::atomic<int> writers{0};
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   char name[512];
-  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d.%d", static_cast<long long>(now),
+  std::snprintf(name, sizeof name, "%s%010lld.%s.%d.%d", RunDirectory::kEventsPrefix, static_cast<long long>(now),
                 host_name().c_str(), static_cast<int>(getpid()), writers++);
   std::filesystem::create_directories(output_dir);
   path_ = output_dir / name;

@@ -9,6 +9,7 @@
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/common/json_lines.hpp"
+#include "qwen_gsm8k/common/run_directory.hpp"
 #include "qwen_gsm8k/report/markup.hpp"
 #include "qwen_gsm8k/report/report.hpp"
 #include "qwen_gsm8k/report/series.hpp"
@@ -21,8 +22,9 @@ using nlohmann::json;
 
 // "<algorithm> seed <seed>" from the run's summary.json when it has both, else the directory's name.
 std::string run_name(const fs::path& run, const std::string& directory) {
-  if (!fs::exists(run / "summary.json")) return directory;
-  std::ifstream in(run / "summary.json");
+  const RunDirectory files{run};
+  if (!fs::exists(files.summary())) return directory;
+  std::ifstream in(files.summary());
   const json summary = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (summary.is_object() && summary.contains("algorithm") && summary.contains("seed")) {
     return summary.at("algorithm").get<std::string>() + " seed " + summary.at("seed").dump();
@@ -43,11 +45,12 @@ std::vector<Chart> comparison_charts(const std::vector<std::filesystem::path>& r
       name += " (" + directory + ")";
       names.insert(name);
     }
-    if (fs::exists(run / "eval.jsonl")) {
-      held_out.series.push_back(detail::series_of(read_json_lines(run / "eval.jsonl"), "accuracy", name));
+    const RunDirectory files{run};
+    if (fs::exists(files.eval())) {
+      held_out.series.push_back(detail::series_of(read_json_lines(files.eval()), "accuracy", name));
     }
-    if (fs::exists(run / "metrics.jsonl")) {
-      sampled.series.push_back(detail::series_of(read_json_lines(run / "metrics.jsonl"), "sampled/accuracy", name));
+    if (fs::exists(files.metrics())) {
+      sampled.series.push_back(detail::series_of(read_json_lines(files.metrics()), "sampled/accuracy", name));
     }
   }
   return {held_out, sampled};

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
+#include "qwen_gsm8k/common/run_directory.hpp"
 #include "qwen_gsm8k/report/markup.hpp"
 #include "qwen_gsm8k/report/report.hpp"
 #include "qwen_gsm8k/report/series.hpp"
@@ -131,6 +132,7 @@ std::string overview(const std::vector<json>& metrics, const std::vector<json>& 
 // Writes plots_dir/<slug>.svg per training chart (a repeated slug gets "-2", "-3", ...) and returns the <figure>s
 // that show them inline.
 std::string write_charts(const fs::path& plots_dir, const std::vector<json>& metrics, const std::vector<json>& evals) {
+  const std::string plots = std::string(RunDirectory::kPlots) + "/";  // the links, relative to the page
   std::string figures;
   std::vector<std::string> slugs;
   for (const Chart& chart : training_charts(metrics, evals)) {
@@ -141,7 +143,7 @@ std::string write_charts(const fs::path& plots_dir, const std::vector<json>& met
     slugs.push_back(slug);
     const std::string svg = render_svg(chart);
     write_file_atomically(plots_dir / (slug + ".svg"), svg);
-    figures += "<figure>\n" + svg + "<figcaption><a href=\"plots/" + slug + ".svg\">plots/" + slug +
+    figures += "<figure>\n" + svg + "<figcaption><a href=\"" + plots + slug + ".svg\">" + plots + slug +
                ".svg</a></figcaption>\n</figure>\n";
   }
   return figures;
@@ -151,7 +153,7 @@ std::string write_charts(const fs::path& plots_dir, const std::vector<json>& met
 
 void write_report(const std::filesystem::path& output_dir, const std::vector<nlohmann::json>& metrics,
                   const std::vector<nlohmann::json>& evals, const nlohmann::json& summary) {
-  const fs::path plots_dir = output_dir / "plots";
+  const fs::path plots_dir = RunDirectory{output_dir}.plots();
   std::error_code error;
   fs::create_directories(plots_dir, error);
   if (error) throw std::runtime_error(plots_dir.string() + ": cannot create directory: " + error.message());
@@ -165,7 +167,7 @@ void write_report(const std::filesystem::path& output_dir, const std::vector<nlo
   html += "<h2>Charts</h2>\n<div class=\"charts\">\n" + figures + "</div>\n";
   html += "<h2>Evaluations</h2>\n" + eval_table(evals);
   html += "</body>\n</html>\n";
-  write_file_atomically(output_dir / "report.html", html);
+  write_file_atomically(RunDirectory{output_dir}.report(), html);
 }
 
 }  // namespace qwen

@@ -57,7 +57,7 @@ void SampledResponses::write(nlohmann::json& row) const {
 }
 
 void add_batch_metrics(nlohmann::json& row, const std::vector<Group>& groups, const TrainBatch& batch,
-                       int64_t max_new_tokens) {
+                       int64_t truncated_at) {
   std::vector<double> scores, response_lengths, prompt_lengths;
   double correct = 0, at_budget = 0;
   for (const auto& group : groups) {
@@ -66,7 +66,7 @@ void add_batch_metrics(nlohmann::json& row, const std::vector<Group>& groups, co
       response_lengths.push_back(static_cast<double>(response.ids.size()));
       prompt_lengths.push_back(static_cast<double>(group.prompt.size()));
       correct += response.score.correct;
-      at_budget += static_cast<int64_t>(response.ids.size()) >= max_new_tokens;
+      at_budget += static_cast<int64_t>(response.ids.size()) >= truncated_at;
     }
   }
   add_stats(row, "critic/score", scores);

@@ -28,9 +28,10 @@ struct SampledResponses {
 };
 
 // The trained batch (the kept groups and their tensors): critic/score, critic/advantages (over loss tokens),
-// response_length (clip_ratio: responses of max_new_tokens tokens, as verl counts them), prompt_length, train/accuracy.
+// response_length (clip_ratio: responses of truncated_at tokens or more, as verl counts them), prompt_length,
+// train/accuracy. truncated_at: ResponseBudget::truncated_at.
 void add_batch_metrics(nlohmann::json& row, const std::vector<Group>& groups, const TrainBatch& batch,
-                       int64_t max_new_tokens);
+                       int64_t truncated_at);
 
 // actor/*: pg_loss, pg_clipfrac, pg_clipfrac_lower (the dual clip's share), ppo_kl, entropy, grad_norm, lr, and ours.
 void add_update_metrics(nlohmann::json& row, const UpdateMetrics& update);

@@ -119,17 +119,26 @@ LrSchedule TrainOptions::lr_schedule() const {
 RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer) {
   RolloutOptions rollout;
   rollout.group_size = options.rollout_n;
-  rollout.generation.max_new_tokens = options.max_new_tokens;
+  const ResponseBudget budget = response_budget(options);
+  rollout.generation.max_new_tokens = budget.generation_tokens;
   rollout.generation.sampling = options.sampling;
   rollout.generation.pad_id = tokenizer.pad_token_id().value_or(0);
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"}) {
     if (const auto id = tokenizer.token_to_id(stop)) rollout.generation.stop_ids.push_back(*id);
   }
   rollout.rewards = options.rewards;
-  rollout.rewards.max_length = options.max_new_tokens;
+  rollout.rewards.max_length = budget.overlong_max_length;
   rollout.system_prompt = options.system_prompt;
   rollout.max_batch_rows = options.max_rollout_rows;
   return rollout;
+}
+
+ResponseBudget response_budget(const TrainOptions& options) {
+  const int64_t tokens = options.max_new_tokens;
+  return {.generation_tokens = tokens,
+          .overlong_max_length = tokens,
+          .norm_length = options.loss.norm_length != 0.0 ? options.loss.norm_length : static_cast<double>(tokens),
+          .truncated_at = tokens};
 }
 
 }  // namespace qwen

@@ -40,9 +40,9 @@ struct TrainOptions {
   bool mask_truncated = false;       // overlong filtering: truncated responses out of the loss
   dapo::PolicyLossOptions loss;      // actor.clip_ratio_low / _high / _c, actor.loss_agg_mode
   dapo::AdvantageOptions advantage;  // algorithm.norm_adv_by_std_in_grpo
-  RewardOptions rewards;  // reward_model.overlong_buffer.len / .penalty_factor (max_length is set from max_new_tokens)
-  int64_t max_new_tokens = 512;  // data.max_response_length
-  SamplingOptions sampling;      // actor_rollout_ref.rollout.temperature / top_p / top_k (temperature 1.0)
+  RewardOptions rewards;             // reward_model.overlong_buffer.len / .penalty_factor (max_length: response_budget)
+  int64_t max_new_tokens = 512;      // data.max_response_length
+  SamplingOptions sampling;          // actor_rollout_ref.rollout.temperature / top_p / top_k (temperature 1.0)
   std::string system_prompt = kSeedSystemPrompt;
   double lr = 1e-6;           // actor.optim.lr
   double weight_decay = 0.1;  // actor.optim.weight_decay
@@ -90,5 +90,16 @@ struct TrainOptions {
 
 // The rollout settings a TrainOptions implies for this tokenizer: stop ids <|im_end|> and <|endoftext|>, pad, budget.
 RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer);
+
+// What --max-new-tokens (verl's data.max_response_length) sets, derived here only: the generation budget, the overlong
+// shaping's max_length, Dr. GRPO's constant divisor (when the loss options leave it 0) and the length at which the step
+// metrics count a response as truncated (verl's response_length/clip_ratio).
+struct ResponseBudget {
+  int64_t generation_tokens = 0;    // GenerationOptions::max_new_tokens
+  int64_t overlong_max_length = 0;  // RewardOptions::max_length
+  double norm_length = 0.0;         // PolicyLossOptions::norm_length (TRL: max_completion_length)
+  int64_t truncated_at = 0;         // a response of this many tokens was cut off by the budget
+};
+ResponseBudget response_budget(const TrainOptions& options);
 
 }  // namespace qwen

@@ -9,10 +9,10 @@
 #include <stdexcept>
 
 #include "qwen_gsm8k/common/seed.hpp"
-#include "qwen_gsm8k/logging/rollout_log.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/report/report.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
+#include "qwen_gsm8k/train/rollout_log.hpp"
 #include "qwen_gsm8k/train/step_metrics.hpp"
 #include "qwen_gsm8k/train/update.hpp"
 
@@ -85,7 +85,7 @@ nlohmann::json Trainer::step() {
                                        options_.mask_truncated, options_.advantage);
   PolicyUpdate update{model_, *optimizer_, *communicator_, options_};
   const UpdateMetrics out = update.run(batch, updates_);
-  add_batch_metrics(metrics, groups, batch, options_.max_new_tokens);
+  add_batch_metrics(metrics, groups, batch, response_budget(options_).truncated_at);
   add_update_metrics(metrics, out);
   add_time_metrics(metrics, groups, out, seconds_since(started), world_size());
   ++step_;

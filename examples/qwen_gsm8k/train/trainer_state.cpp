@@ -15,6 +15,7 @@
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/common/json_lines.hpp"
+#include "qwen_gsm8k/common/run_directory.hpp"
 #include "qwen_gsm8k/common/zip_check.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/checkpoint.hpp"
@@ -93,7 +94,7 @@ std::filesystem::path Trainer::save_checkpoint() {
   std::filesystem::path checkpoint;
   try {
     checkpoint = commit_checkpoint(
-        options_.output_dir / "checkpoints", name,
+        RunDirectory{options_.output_dir}.checkpoints(), name,
         [&](const std::filesystem::path& dir) {
           save_model(model_, dir, save);
           progress(label + "writing optimizer state...");
@@ -179,8 +180,8 @@ void Trainer::resume(const std::filesystem::path& checkpoint) {
       cut = into.size() > keep;
       if (cut) into.resize(keep);
     };
-    kept_rows("metrics.jsonl", state.metrics_rows, metrics, metrics_cut);
-    kept_rows("eval.jsonl", state.eval_rows, evals, evals_cut);
+    kept_rows(RunDirectory::kMetrics, state.metrics_rows, metrics, metrics_cut);
+    kept_rows(RunDirectory::kEval, state.eval_rows, evals, evals_cut);
   }
   const std::string label = "resume from " + dir->filename().string() + ": ";
   auto optimizer = load_optimizer(*dir / "optimizer.pt", model_->parameters(),
@@ -201,8 +202,8 @@ void Trainer::resume(const std::filesystem::path& checkpoint) {
     for (const auto& row : rows) text += row.dump() + "\n";
     write_file_atomically(options_.output_dir / file, text);
   };
-  if (metrics_cut) rewrite("metrics.jsonl", metrics_);
-  if (evals_cut) rewrite("eval.jsonl", evals_);
+  if (metrics_cut) rewrite(RunDirectory::kMetrics, metrics_);
+  if (evals_cut) rewrite(RunDirectory::kEval, evals_);
 }
 
 }  // namespace qwen

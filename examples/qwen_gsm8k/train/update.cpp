@@ -77,7 +77,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   dapo::PolicyLossOptions loss_options = options.loss;
   loss_options.group_size = batch.group_size;
   // Dr. GRPO's constant divisor is the generation budget (TRL: max_completion_length), not a padded width.
-  if (loss_options.norm_length == 0.0) loss_options.norm_length = static_cast<double>(options.max_new_tokens);
+  loss_options.norm_length = response_budget(options).norm_length;
   const dapo::PolicyLossOptions share_options = dapo::micro_batch_options(loss_options, mini.counts);
   optimizer.zero_grad();
   double loss = 0, clipped = 0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA compile check, run inside the LibTorch 2.x root by `scripts/libtorch2.sh cuda` (the root has Debian 13's
+# The CUDA compile check, run only inside the Debian 13 root, by `scripts/libtorch2.sh cuda` (the root has Debian 13's
 # libtorch-cuda-dev unpacked in /opt/libtorch-cuda-dev; /usr/local/cuda is the host's nvcc, bound in). It configures
 # dapo against that LibTorch 2.6 with CUDA, for sm_90, and compiles every object of the driver with -Werror: the
 # fused CUDA loss (src/dapo_cuda.cu with include/dapo/cuda/register.cuh), the CUDA compile test, every driver source
@@ -13,8 +13,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 prefix=/opt/libtorch-cuda-dev/usr
 nvcc=/usr/local/cuda/bin/nvcc
-[[ -d $prefix/include/ATen/cuda ]] || { echo "cuda-compile: $prefix holds no LibTorch CUDA headers" >&2; exit 1; }
-[[ -x $nvcc ]] || { echo "cuda-compile: no nvcc at $nvcc (the host's /usr/local/cuda must be bound in)" >&2; exit 1; }
+[[ -d $prefix/include/ATen/cuda ]] || {
+  echo "cuda-compile-in-root: $prefix holds no LibTorch CUDA headers (run it as scripts/libtorch2.sh cuda)" >&2
+  exit 1
+}
+[[ -x $nvcc ]] || {
+  echo "cuda-compile-in-root: no nvcc at $nvcc (the host's /usr/local/cuda must be bound in)" >&2
+  exit 1
+}
 build=${DAPO_CUDA_BUILD_DIR:-build-cuda}
 
 # LibTorch's CMake config insists that the libraries of its imported targets exist. They are never read here (no link
@@ -33,7 +39,7 @@ echo 'if(NOT TARGET CUDA::nvToolsExt)
   add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
 endif()' > "$shim"
 
-echo "cuda-compile: $($nvcc --version | tail -1), host compiler g++ $(g++ -dumpversion), LibTorch $(
+echo "cuda-compile-in-root: $($nvcc --version | tail -1), host compiler g++ $(g++ -dumpversion), LibTorch $(
   sed -n 's/.*PACKAGE_VERSION "\(.*\)".*/\1/p' "$prefix/lib/x86_64-linux-gnu/cmake/Torch/TorchConfigVersion.cmake")"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
       -DCMAKE_PREFIX_PATH="$prefix/lib/x86_64-linux-gnu/cmake" -DCUDAToolkit_ROOT=/usr/local/cuda \
@@ -42,7 +48,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=
       -DCMAKE_LINK_DEPENDS_NO_SHARED=ON -DCMAKE_CXX_LINK_EXECUTABLE="$stamp" -DCMAKE_CUDA_LINK_EXECUTABLE="$stamp" \
       -DCMAKE_CXX_CREATE_SHARED_LIBRARY="$stamp" 2>&1 | tee "$build/configure.log"
 grep -q "dapo: LibTorch .* with CUDA" "$build/configure.log" || {
-  echo "cuda-compile: LibTorch was not configured with CUDA (see $build/configure.log)" >&2
+  echo "cuda-compile-in-root: LibTorch was not configured with CUDA (see $build/configure.log)" >&2
   exit 1
 }
 # The driver (with everything it links: the fused CUDA loss registration, NCCL and device-guard branches), the
@@ -53,12 +59,18 @@ cmake --build "$build" -j"$(nproc)" --target qwen_gsm8k dapo_cuda_kernels_compil
 # What was compiled (the build is up to date: every object is current): objects by kind; the registration object must
 # hold the kernel's launch stubs.
 objects=$(find "$build" -name '*.o' | sort)
-echo "cuda-compile: $(grep -c '\.cu\.o$' <<< "$objects" || true) CUDA and $(grep -c '\.cpp\.o$' <<< "$objects" || true)" \
-     "C++ objects compiled against LibTorch's CUDA headers; nothing linked"
-registration=$(grep 'dapo_cuda.cu.o$' <<< "$objects") || { echo "cuda-compile: src/dapo_cuda.cu was not compiled" >&2; exit 1; }
-kernels=$(nm -C "$registration" | grep ' [TtWw] void dapo::cuda::detail::policy_loss_units_kernel<' | sed 's/(.*//' | sort -u | wc -l || true)
+cu_objects=$(grep -c '\.cu\.o$' <<< "$objects" || true)
+cpp_objects=$(grep -c '\.cpp\.o$' <<< "$objects" || true)
+echo "cuda-compile-in-root: $cu_objects CUDA and $cpp_objects C++ objects compiled against LibTorch's CUDA headers;" \
+     "nothing linked"
+registration=$(grep 'dapo_cuda.cu.o$' <<< "$objects") || {
+  echo "cuda-compile-in-root: src/dapo_cuda.cu was not compiled" >&2
+  exit 1
+}
+kernels=$(nm -C "$registration" | grep ' [TtWw] void dapo::cuda::detail::policy_loss_units_kernel<' | sed 's/(.*//' |
+            sort -u | wc -l || true)
 if ((kernels == 0)); then
-  echo "cuda-compile: $registration holds no policy-loss kernel" >&2
+  echo "cuda-compile-in-root: $registration holds no policy-loss kernel" >&2
   exit 1
 fi
-echo "cuda-compile: ok ($registration holds the host side of $kernels policy-loss kernel instantiations, sm_90)"
+echo "cuda-compile-in-root: ok ($registration holds the host side of $kernels policy-loss kernel instantiations, sm_90)"

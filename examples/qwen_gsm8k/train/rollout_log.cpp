@@ -1,15 +1,15 @@
 // rollouts/step-NNNNNN.jsonl.
-#include "qwen_gsm8k/logging/rollout_log.hpp"
+#include "qwen_gsm8k/train/rollout_log.hpp"
 
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <sstream>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
+#include "qwen_gsm8k/common/run_directory.hpp"
 
 namespace qwen {
 
@@ -50,9 +50,7 @@ std::filesystem::path write_rollout_log(const std::filesystem::path& output_dir,
       ++row;
     }
   }
-  char name[40];
-  std::snprintf(name, sizeof name, "step-%06lld.jsonl", static_cast<long long>(step));
-  const auto path = output_dir / "rollouts" / name;
+  const auto path = RunDirectory{output_dir}.rollout_log(step);
   std::filesystem::create_directories(path.parent_path());
   write_file_atomically(path, lines.str());
   return path;
