@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dapo/advantage.hpp"
+#include "dapo/kl_penalty.hpp"
 #include "dapo/logprob.hpp"
 #include "dapo/loss.hpp"
 #include "dapo/reward.hpp"

@@ -54,17 +54,28 @@ std::optional<std::filesystem::path> require_shared(const Needed&... needed) {
   return std::nullopt;
 }
 
-// The golden file's section, or nothing (the caller skips; see require_shared).
-inline std::optional<nlohmann::json> algo_golden(const std::string& section) {
-  const auto dir = require_shared("fixtures/algo/golden.json");
+// A section of a JSON golden file under shared/fixtures/algo/ ("golden.json", "verl_zoo.json"), or nothing (the caller
+// skips; see require_shared).
+inline std::optional<nlohmann::json> algo_fixture(const std::string& file, const std::string& section) {
+  const auto dir = require_shared("fixtures/algo/" + file);
   if (!dir) return std::nullopt;
-  const auto path = *dir / "fixtures" / "algo" / "golden.json";
+  const auto path = *dir / "fixtures" / "algo" / file;
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot open " << path.string());
   const nlohmann::json golden = nlohmann::json::parse(in);
-  REQUIRE(golden.contains(section));
+  REQUIRE_MESSAGE(golden.contains(section), path.string() << " has no section " << section);
   // In place: json converts itself to any type, so a plain return is ambiguous for some compilers (g++ 16).
   return std::optional<nlohmann::json>(std::in_place, golden.at(section));
+}
+
+// The section of golden.json (the DAPO/GRPO goldens).
+inline std::optional<nlohmann::json> algo_golden(const std::string& section) {
+  return algo_fixture("golden.json", section);
+}
+
+// The section of verl_zoo.json (cases made by running verl's own functions).
+inline std::optional<nlohmann::json> verl_zoo(const std::string& section) {
+  return algo_fixture("verl_zoo.json", section);
 }
 
 // |actual - expected| <= absolute + relative * |expected|
