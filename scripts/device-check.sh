@@ -124,8 +124,8 @@ stage_build() {
   cmake -S "$root" -B "$build" "${generator[@]}" "${cmake_args[@]}" >"$work/configure.log" 2>&1 || {
     tail -40 "$work/configure.log"; return 1; }
   grep -E '^-- dapo:|Found Torch|CUDA' "$work/configure.log" | head -20
-  local wanted=(dapo_core_tests dapo_torch_tests qwen_text_tests qwen_model_tests checkpoint_writer distributed_worker
-                launcher_worker qwen_gsm8k generate_bench step_bench dapo_kernel_abi_test) targets=() target
+  local wanted=(dapo_core_tests dapo_torch_tests qwen_text_tests qwen_model_tests qwen_train_tests checkpoint_writer
+                distributed_worker launcher_worker qwen_gsm8k generate_bench step_bench dapo_kernel_abi_test) targets=() target
   for target in "${wanted[@]}"; do  # those this configuration has (dapo_kernel_abi_test needs nvcc)
     find "$build" -type d -name "$target.dir" -path '*CMakeFiles*' | grep -q . && targets+=("$target")
   done
@@ -173,6 +173,8 @@ stage_cuda_tests() {
   DAPO_TRANSFORMERS_GOLDENS=$goldens DAPO_SHARED_DIR=$shared "$(bin tests/qwen_model_tests)" \
     -tc='*CUDA*,*transformers*,*tiny checkpoints*' |
     tee "$results/cuda_tests.txt" || status=1
+  DAPO_SHARED_DIR=$shared "$(bin tests/qwen_train_tests)" -tc='*CUDA*,*transformers*' |
+    tee -a "$results/cuda_tests.txt" || status=1
   return $status
 }
 

@@ -6,6 +6,9 @@
 # compile check; the default) or sid (Debian unstable: the newest packaged LibTorch, 2.14 with g++ 16 when written).
 #   scripts/libtorch2.sh [trixie|sid] test [ctest args]   build everything inside the root (build-libtorch2/ or
 #                                                         build-sid/) and run the tests
+#   scripts/libtorch2.sh [trixie|sid] library             build only the library's tests and run them with the
+#                                                         consumer projects (core, torch, consumer_*): CI's Debian
+#                                                         13 leg (the driver is compiled there by the CUDA check)
 #   scripts/libtorch2.sh [trixie] cuda                    compile the CUDA build against Debian 13's
 #                                                         libtorch-cuda-dev headers with /usr/local/cuda's nvcc, in
 #                                                         build-cuda/ (scripts/cuda-compile-in-root.sh, run in the
@@ -118,6 +121,10 @@ case $mode in
     torchrun=optional
     [[ $suite == sid ]] && torchrun=required
     in_root "DAPO_BUILD_DIR=$build_dir DAPO_TORCHRUN_TEST=$torchrun bash scripts/test.sh $*" ;;
+  library)
+    echo "libtorch2: LibTorch $(chroot "$root" dpkg-query -W -f='${Version}' libtorch-dev), g++ $(chroot "$root" g++ -dumpversion)"
+    in_root "DAPO_BUILD_DIR=$build_dir scripts/setup.sh dapo_core_tests dapo_torch_tests &&
+             ctest --test-dir $build_dir --output-on-failure -R \"^(core|torch|consumer_.*)\$\" $*" ;;
   cuda)
     [[ $suite == trixie ]] || { echo "libtorch2: the CUDA compile check runs in the trixie root" >&2; exit 2; }
     [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "libtorch2: the CUDA check needs nvcc in /usr/local/cuda" >&2; exit 1; }
@@ -126,5 +133,5 @@ case $mode in
     [[ $suite == sid ]] || { echo "libtorch2: transformers is in the sid root: scripts/libtorch2.sh sid python FILE" >&2; exit 2; }
     (($# >= 1)) || { echo "libtorch2: python needs a file to run" >&2; exit 2; }
     in_root "python3 $(printf '%q ' "$@")" ;;
-  *) echo "libtorch2: unknown mode '$mode' (test, cuda, root, shell or python)" >&2; exit 2 ;;
+  *) echo "libtorch2: unknown mode '$mode' (test, library, cuda, root, shell or python)" >&2; exit 2 ;;
 esac
