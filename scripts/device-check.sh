@@ -125,7 +125,8 @@ stage_build() {
     tail -40 "$work/configure.log"; return 1; }
   grep -E '^-- dapo:|Found Torch|CUDA' "$work/configure.log" | head -20
   local wanted=(dapo_core_tests dapo_torch_tests qwen_text_tests qwen_model_tests qwen_train_tests checkpoint_writer
-                distributed_worker launcher_worker qwen_gsm8k generate_bench step_bench dapo_kernel_abi_test) targets=() target
+                distributed_worker launcher_worker qwen_gsm8k generate_bench step_bench dapo_kernel_abi_test)
+  local targets=() target
   for target in "${wanted[@]}"; do  # those this configuration has (dapo_kernel_abi_test needs nvcc)
     find "$build" -type d -name "$target.dir" -path '*CMakeFiles*' | grep -q . && targets+=("$target")
   done

@@ -109,12 +109,17 @@ in_root() {
     exec chroot '$root' /usr/bin/env HOME=/root DAPO_SHARED_DIR=/shared bash -c 'cd /src && $1'"
 }
 
+# What the test legs build with, first in their output.
+versions() {
+  echo "libtorch2: LibTorch $(chroot "$root" dpkg-query -W -f='${Version}' libtorch-dev), g++ $(chroot "$root" g++ -dumpversion)"
+}
+
 make_root
 case $mode in
   root) echo "$root" ;;
   shell) in_root "exec bash" ;;
   test)
-    echo "libtorch2: LibTorch $(chroot "$root" dpkg-query -W -f='${Version}' libtorch-dev), g++ $(chroot "$root" g++ -dumpversion)"
+    versions
     # The sid root has python3-torch (scripts/transformers-packages.txt): its torchrun must be found there (the test
     # then skips, naming the reason, if that torchrun cannot start programs: docs/platforms.md). The Debian 13 root has
     # none (scripts/test-packages.txt is not in it): the test skips there instead of failing.
@@ -122,7 +127,7 @@ case $mode in
     [[ $suite == sid ]] && torchrun=required
     in_root "DAPO_BUILD_DIR=$build_dir DAPO_TORCHRUN_TEST=$torchrun bash scripts/test.sh $*" ;;
   library)
-    echo "libtorch2: LibTorch $(chroot "$root" dpkg-query -W -f='${Version}' libtorch-dev), g++ $(chroot "$root" g++ -dumpversion)"
+    versions
     in_root "DAPO_BUILD_DIR=$build_dir scripts/setup.sh dapo_core_tests dapo_torch_tests &&
              ctest --test-dir $build_dir --output-on-failure -R \"^(core|torch|consumer_.*)\$\" $*" ;;
   cuda)

@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ci=0
 if [[ ${1:-} == --ci ]]; then ci=1; shift; fi
 export DAPO_BUILD_DIR=${DAPO_SANITIZE_BUILD_DIR:-build-sanitize}
-# -O1: a usable speed; no -g (the build would be slower): the stacks name functions, not lines. Asserts stay on (no
+# -O1: a usable speed; no -g, so the stacks name functions, not lines. Asserts stay on (no
 # -DNDEBUG). The system malloc, because tcmalloc would take malloc away from ASan. No -Werror: with -fsanitize=address
 # GCC 12 warns -Wmaybe-uninitialized inside <regex> (false positives; scripts/test.sh checks that the normal build is
 # warning-free). No benchmarks: they are not tests.
