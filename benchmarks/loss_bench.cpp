@@ -1,11 +1,14 @@
 // Fused dapo::policy_loss vs the composite dapo::reference::policy_loss, forward + backward, float32, token-mean
 // with Clip-Higher and dual clip, at 64K, 1M and 4M tokens (rows of 4096 tokens, ragged bool masks, [B] advantages).
 // A streaming copy of the bytes the loss must touch, timed in the same run, turns the fused time into a fraction of
-// memory bandwidth. Usage: loss_bench [--threads N] [--json PATH]
+// memory bandwidth. Then every token-level loss of the family (verl's loss_mode names) at 1M tokens, fused vs its
+// composite, [B, T] advantages and per-token weights (verl's rollout_is_weights).
+// Usage: loss_bench [--threads N] [--json PATH]
 #include <dapo/loss.hpp>
 #include <dapo/reference/loss.hpp>
 
 #include <cstdio>
+#include <string>
 
 #include "support/flags.hpp"
 #include "support/harness.hpp"
@@ -87,6 +90,39 @@ int main(int argc, char** argv) try {
                               {"copy_bytes", bytes},
                               {"fused_over_copy", fused_s / copy_s},
                               {"fused_effective_GBps", bytes / fused_s / 1e9}});
+  }
+  // The family at 1M tokens: each token-level loss, with per-token advantages and weights.
+  std::printf("\nthe loss family, fwd+bwd, float32, 1,048,576 tokens, [B, T] advantages, per-token weights\n");
+  std::printf("%10s %12s %14s %9s\n", "loss", "fused ms", "reference ms", "speedup");
+  Batch batch = make_batch(256, 4096);
+  batch.advantages = at::randn({256, 4096});
+  const auto weights = at::rand({256, 4096}) * 2.0;
+  for (const auto& [mode, name] : dapo::kPolicyLossNames) {
+    if (!dapo::is_token_level(mode)) continue;
+    dapo::PolicyLossOptions family{.aggregation = dapo::LossAggregation::kTokenMean, .mode = mode, .dro_beta = 0.5};
+    if (mode == dapo::PolicyLossMode::kVanilla) family.dual_clip = 3.0;
+    if (mode == dapo::PolicyLossMode::kDppoTv || mode == dapo::PolicyLossMode::kDppoKl) {
+      family.clip_low = 0.05;
+      family.clip_high = 0.08;
+    }
+    auto fused_weighted = [&](auto&&... args) { return dapo::policy_loss(args..., weights); };
+    auto reference_weighted = [&](auto&&... args) { return dapo::reference::policy_loss(args..., weights); };
+    at::Tensor fused_grad, reference_grad;
+    double fused_loss = 0, reference_loss = 0;
+    forward_backward(batch, family, fused_weighted, &fused_grad, &fused_loss);
+    forward_backward(batch, family, reference_weighted, &reference_grad, &reference_loss);
+    dapo::bench::require_close(fused_loss, reference_loss, 1e-5, "loss");
+    dapo::bench::require_close(fused_grad, reference_grad, 1e-5, "d loss / d logp");
+    const double fused_s = dapo::bench::best_seconds([&] { forward_backward(batch, family, fused_weighted); }, 10);
+    const double reference_s =
+        dapo::bench::best_seconds([&] { forward_backward(batch, family, reference_weighted); }, 10);
+    std::printf("%10s %12.3f %14.3f %8.1fx\n", std::string(name).c_str(), fused_s * 1e3, reference_s * 1e3,
+                reference_s / fused_s);
+    record["family"].push_back({{"loss", name},
+                                {"tokens", 256 * 4096},
+                                {"fused_ms", fused_s * 1e3},
+                                {"reference_ms", reference_s * 1e3},
+                                {"speedup", reference_s / fused_s}});
   }
   dapo::bench::write_json(record, json_path);
   std::printf("wrote %s\n", json_path.c_str());

@@ -30,9 +30,11 @@ namespace detail {
 // The fused kernel for CUDA tensors, set by <dapo/cuda/register.cuh> (the dapo::cuda target), null otherwise.
 // Same contract as the CPU kernel: contiguous inputs, advantages in the compute dtype, raw_grad undefined or [B, T] in
 // the compute dtype.
+// Computes the token-level losses (is_token_level); weights undefined or [B, T] in the compute dtype.
 using PolicyLossKernelFn = core::PolicyLossKernelResult (*)(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                                             const torch::Tensor& advantages, const torch::Tensor& mask,
-                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad);
+                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad,
+                                                            const torch::Tensor& weights);
 inline PolicyLossKernelFn& cuda_policy_loss_kernel() {
   static PolicyLossKernelFn kernel = nullptr;
   return kernel;
@@ -61,7 +63,8 @@ inline namespace DAPO_KERNEL_ABI {
 
 inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                                            const torch::Tensor& advantages, const torch::Tensor& mask,
-                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad);
+                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad,
+                                                           const torch::Tensor& weights = {});
 
 // The backward of the fused loss: d loss / d logp = raw_grad * grad_scale, times the incoming gradient. An autograd
 // Node of its own, not a torch::autograd::Function: g++ 14 at -O3 reports a false -Warray-bounds inside LibTorch 2.x's
@@ -88,7 +91,7 @@ struct PolicyLossBackward : torch::autograd::Node {
 // metrics are never differentiable.
 inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                           const torch::Tensor& advantages, const torch::Tensor& mask,
-                                          const PolicyLossOptions& options) {
+                                          const PolicyLossOptions& options, const torch::Tensor& weights = {}) {
   const auto compute_type = compute_dtype(logp.scalar_type());
   const bool want_grad = torch::autograd::compute_requires_grad(logp);
   torch::Tensor raw_grad;
@@ -97,9 +100,11 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
     const torch::NoGradGuard no_grad;  // the copies below are inputs of the kernel, not part of the graph
     const torch::Tensor logp_c = logp.contiguous(), old_logp_c = old_logp.contiguous(), mask_c = mask.contiguous();
     const torch::Tensor advantages_c = advantages.to(compute_type).contiguous();
+    const torch::Tensor weights_c = weights.defined() ? weights.to(compute_type).contiguous() : weights;
     if (want_grad) raw_grad = torch::empty(logp.sizes(), logp.options().dtype(compute_type));
-    out = logp.is_cuda() ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad)
-                         : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad);
+    out = logp.is_cuda()
+              ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c)
+              : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c);
   }
   const auto scalar = [&](double value) { return torch::scalar_tensor(value, logp.options().dtype(compute_type)); };
   torch::Tensor loss = scalar(out.result.loss);
@@ -116,18 +121,24 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
 
 inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                                            const torch::Tensor& advantages, const torch::Tensor& mask,
-                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad) {
+                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad,
+                                                           const torch::Tensor& weights) {
   core::PolicyLossKernelResult out;
   visit_floating_dtype(logp.scalar_type(), "dapo::policy_loss", [&](auto compute_tag, auto logp_tag) {
     using C = decltype(compute_tag);
     using T = decltype(logp_tag);
     visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
       using M = decltype(mask_tag);
-      const core::PolicyLossInputs<T, C, M> inputs{
-          logp.data_ptr<T>(), old_logp.data_ptr<T>(), advantages.data_ptr<C>(), mask.data_ptr<M>(),
-          logp.size(0),       logp.size(1),           advantages.dim() == 2};
-      out = core::policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
-                                        "dapo::policy_loss", AtenParallelFor{});
+      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(),
+                                                   old_logp.data_ptr<T>(),
+                                                   advantages.data_ptr<C>(),
+                                                   mask.data_ptr<M>(),
+                                                   logp.size(0),
+                                                   logp.size(1),
+                                                   advantages.dim() == 2,
+                                                   weights.defined() ? weights.data_ptr<C>() : nullptr};
+      out = core::any_policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
+                                            "dapo::policy_loss", AtenParallelFor{});
     });
   });
   return out;
@@ -141,17 +152,32 @@ inline namespace DAPO_KERNEL_ABI {  // see <dapo/core/kernel_abi.hpp>
 // DAPO Eq. 8 objective, negated as a loss to minimise. Validates every argument first; see the file comment for shapes.
 // With no masked token the loss and metrics are 0 (group-token-mean instead requires a token in every group).
 // bfloat16 and float16 inputs are computed in float32; the loss and metrics are float32 then.
+// weights: [B, T] per-token weights of the loss (verl's rollout_is_weights: each token's loss is multiplied by its
+// weight; the metrics are not), or undefined. Every loss of PolicyLossOptions::mode but clip_cov, by verl's names.
+// On CUDA the fused kernel computes the token-level losses; geo_mean and kl_cov run the composite there.
+inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                    const torch::Tensor& advantages, const torch::Tensor& mask,
+                                    const PolicyLossOptions& options, const torch::Tensor& weights) {
+  constexpr const char* kWhere = "dapo::policy_loss";
+  detail::check_policy_loss_inputs(logp, old_logp, advantages, mask, options, kWhere, weights);
+  DAPO_REQUIRE(options.mode != PolicyLossMode::kClipCov, kWhere,
+               "the clip_cov loss draws tokens at random and is not implemented yet");
+  const bool cuda_fused =
+      logp.is_cuda() && detail::cuda_policy_loss_kernel() != nullptr && is_token_level(options.mode);
+  const bool fused = logp.device().is_cpu() || cuda_fused;
+  if (!fused) {
+    detail::check_policy_loss_data(mask, options, kWhere);
+    return detail::composite_policy_loss(logp, old_logp, advantages, mask, options, weights);
+  }
+  return detail::fused_policy_loss(logp, old_logp.detach(), advantages.detach(), mask, options,
+                                   weights.defined() ? weights.detach() : weights);
+}
+
+// Without per-token weights.
 inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                     const torch::Tensor& advantages, const torch::Tensor& mask,
                                     const PolicyLossOptions& options = {}) {
-  constexpr const char* kWhere = "dapo::policy_loss";
-  detail::check_policy_loss_inputs(logp, old_logp, advantages, mask, options, kWhere);
-  const bool fused = logp.device().is_cpu() || (logp.is_cuda() && detail::cuda_policy_loss_kernel() != nullptr);
-  if (!fused) {
-    detail::check_policy_loss_data(mask, options, kWhere);
-    return detail::composite_policy_loss(logp, old_logp, advantages, mask, options);
-  }
-  return detail::fused_policy_loss(logp, old_logp.detach(), advantages.detach(), mask, options);
+  return policy_loss(logp, old_logp, advantages, mask, options, torch::Tensor());
 }
 
 }  // namespace DAPO_KERNEL_ABI

@@ -1,8 +1,9 @@
-// group_advantages on tensors: goldens in double and float, agreement with the core, boundary errors.
+// group_advantages and verl's estimators on tensors: goldens in double and float, agreement with the core, errors.
 #include <dapo/advantage.hpp>
 
 #include "support/shared.hpp"
 #include "support/tensors.hpp"
+#include "support/zoo_advantage_case.hpp"
 
 TEST_CASE("torch group_advantages matches every golden case in double and float") {
   const auto cases = dapo::test::algo_golden("advantages");
@@ -49,5 +50,32 @@ TEST_CASE("torch group_advantages rejects bad tensors naming what is wrong") {
   CHECK_THROWS_WITH_AS(dapo::group_advantages(rewards, 2), doctest::Contains("rewards[3] is nan"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(dapo::group_advantages(torch::Tensor(), 2), doctest::Contains("rewards is an undefined tensor"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("torch estimate_advantages matches every advantage case of verl_zoo.json, float64 and float32") {
+  const auto cases = dapo::test::zoo_advantage_cases();
+  if (!cases) return;
+  for (const auto& c : *cases) {
+    for (const auto dtype : {torch::kFloat64, torch::kFloat32}) {
+      CAPTURE(c.name);
+      CAPTURE(dtype);
+      const auto rewards = dapo::test::tensor(c.token_level_rewards, {c.rows, c.cols}, dtype);
+      const auto mask = dapo::test::tensor(c.response_mask, {c.rows, c.cols}, dtype).to(torch::kBool);
+      const auto index = torch::tensor(c.index, torch::kInt64);
+      const auto out = dapo::estimate_advantages(rewards, mask, index, c.options);
+      CHECK((out.advantages.scalar_type() == dtype));
+      const auto advantages = dapo::test::values(out.advantages), returns = dapo::test::values(out.returns);
+      const double relative = dtype == torch::kFloat64 ? 1e-10 : 1e-5,
+                   absolute = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+      for (std::size_t i = 0; i < advantages.size(); ++i) {
+        CAPTURE(i);
+        CHECK(dapo::test::close(advantages[i], c.advantages[i], relative, absolute));
+        CHECK(dapo::test::close(returns[i], c.returns[i], relative, absolute));
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(dapo::estimate_advantages(torch::zeros({2, 3}), torch::ones({2, 3}), torch::zeros({2})),
+                       doctest::Contains("index has shape [2] and dtype Float, expected [2] of an integer dtype"),
                        std::invalid_argument);
 }

@@ -81,6 +81,9 @@ requires std::same_as<M, bool> || std::floating_point<M> MiniBatchCounts count_m
 //   seq-mean-token-mean/sum: global_row_count = nonempty_rows    (each row's mean or sum / its non-empty rows)
 //   seq-mean-token-sum-norm: global_row_count = rows, and norm_length = cols when it is 0: a micro-batch trimmed to
 //                            its longest response must still divide by the mini-batch's T, not its own.
+//   token-sum:               nothing (no divisor)
+//   the geo_mean loss:       global_row_count = rows (its loss is the plain mean of its rows' losses)
+// kl_cov and clip_cov choose tokens among the call's own and cannot be split: they are refused.
 // Micro-batches must hold whole groups under group-token-mean. A mini-batch with no masked token gives 0 (global
 // count 0 means the call's own, which is 0 too). Checks the options (as check_policy_loss_options does for a batch
 // of mini_batch.rows) and that the counts are consistent.
@@ -98,7 +101,15 @@ inline PolicyLossOptions micro_batch_options(const PolicyLossOptions& options, c
                " * ", counts.cols, "]");
   check_policy_loss_options(options, counts.rows, kWhere);
 
+  DAPO_REQUIRE(options.mode != PolicyLossMode::kKlCov && options.mode != PolicyLossMode::kClipCov, kWhere, "the ",
+               policy_loss_name(options.mode),
+               " loss chooses its tokens by a covariance over the call's own tokens, so micro-batches would choose "
+               "other tokens than the mini-batch in one call; compute it on the whole mini-batch");
   PolicyLossOptions result = options;
+  if (options.mode == PolicyLossMode::kGeoMean) {  // the plain mean of the rows' losses, whatever the aggregation
+    result.global_row_count = static_cast<double>(counts.rows);
+    return result;
+  }
   switch (options.aggregation) {
     case LossAggregation::kTokenMean:
       result.global_token_count = counts.tokens;
@@ -113,6 +124,8 @@ inline PolicyLossOptions micro_batch_options(const PolicyLossOptions& options, c
     case LossAggregation::kSeqMeanTokenSumNorm:
       result.global_row_count = static_cast<double>(counts.rows);
       if (result.norm_length == 0.0) result.norm_length = static_cast<double>(counts.cols);
+      break;
+    case LossAggregation::kTokenSum:  // no divisor: the micro-batches' sums add up as they are
       break;
   }
   return result;

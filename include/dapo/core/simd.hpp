@@ -43,12 +43,14 @@ template <class C>
 struct Scalar {
   using Value = C;
   static constexpr int kLanes = 1;
+  static constexpr double kExpLow = -1.0e300, kExpHigh = 1.0e300;  // exp's valid arguments: all
   DAPO_HOST_DEVICE DAPO_INLINE static Value splat(double x) { return static_cast<Value>(x); }
   template <class Mask>
   DAPO_HOST_DEVICE DAPO_INLINE static Value select(Mask mask, Value a, Value b) {
     return mask ? a : b;
   }
   DAPO_HOST_DEVICE DAPO_INLINE static Value exp(Value x) { return std::exp(x); }
+  DAPO_HOST_DEVICE DAPO_INLINE static Value log(Value x) { return std::log(x); }
   template <class T>
   DAPO_HOST_DEVICE DAPO_INLINE static Value load(const T* p) {
     return static_cast<Value>(*p);
@@ -111,6 +113,7 @@ struct FloatVector {
   using Value = typename VectorTypes<kLaneCount>::Value;
   using Bits = typename VectorTypes<kLaneCount>::Bits;  // what comparisons return
   static constexpr int kLanes = kLaneCount;
+  static constexpr double kExpLow = -87.0, kExpHigh = 88.0;  // where exp below holds
 
   DAPO_INLINE static Value splat(double x) { return Value{} + static_cast<float>(x); }
 
@@ -140,6 +143,13 @@ struct FloatVector {
     p = p * (r * r) + r + 1.0f;
     const Value two_to_n = std::bit_cast<Value>((n + 127) << 23);
     return select(is_number, p * two_to_n, x);
+  }
+
+  // log lane by lane (std::log): only the dppo_kl loss takes a log, once per token.
+  DAPO_INLINE static Value log(const Value& x) {
+    Value out;
+    for (int i = 0; i < kLanes; ++i) out[i] = std::log(x[i]);
+    return out;
   }
 
   // kLanes bytes (bool or uint8) widened to 32-bit lanes with one byte shuffle: GCC turns a byte-to-int

@@ -3,12 +3,13 @@
 //
 // One thread block per unit: a row, or a group of group_size rows under group-token-mean. The block counts the unit's
 // tokens when the aggregation needs them first (seq-mean-token-mean per row, group-token-mean per group), then computes
-// every token's loss and raw gradient with the per-token math of <dapo/core/loss.hpp> (the same function the CPU kernel
-// runs), scales the gradient by the unit's own factor, and writes the unit's sums. The caller adds the units' sums in
-// order and calls core::finish_policy_loss, exactly as the CPU kernel does.
+// every token's loss and raw gradient with the loss's per-token function of <dapo/core/policy_loss/> (the same function
+// the CPU kernel runs; gspo's row log-ratio is a block sum first), weighted when weights are given, scales the gradient
+// by the unit's own factor, and writes the unit's sums. The caller adds the units' sums in order and calls
+// core::finish_policy_loss, exactly as the CPU kernel does.
 //
-// Shapes: B = rows, T = cols; logp, old_logp, mask [B, T]; advantages [B] or [B, T]; raw_grad [B, T] or null;
-// partials [num_units].
+// Shapes: B = rows, T = cols; logp, old_logp, mask [B, T]; advantages [B] or [B, T]; weights [B, T] or null;
+// raw_grad [B, T] or null; partials [num_units].
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,10 +56,10 @@ __device__ inline double block_count(const T* mask, int64_t count) {
   return values[0];
 }
 
-template <class C, bool kDualClip, class T, class A, class M, class G>
+template <class C, class Token, class T, class A, class M, class G>
 __global__ void __launch_bounds__(kThreads)
-    policy_loss_units_kernel(core::PolicyLossInputs<T, A, M> in, int64_t unit_rows, bool per_row_mean, C low, C high,
-                             C dual_clip, G* raw_grad, UnitSums* partials) {
+    policy_loss_units_kernel(core::PolicyLossInputs<T, A, M> in, int64_t unit_rows, bool per_row_mean,
+                             double row_epsilon, dapo::detail::TokenParams<C> params, G* raw_grad, UnitSums* partials) {
   using Math = simd::Scalar<C>;
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * unit_rows;
   // Group-token-mean: the group's token count scales every gradient of the group.
@@ -68,15 +69,33 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t offset = row * in.cols;
     const double row_tokens = per_row_mean ? block_count(in.mask + offset, in.cols) : 0.0;
     const double factor = unit_rows > 1  ? (unit_tokens > 0.0 ? 1.0 / unit_tokens : 0.0)
-                          : per_row_mean ? (row_tokens > 0.0 ? 1.0 / row_tokens : 0.0)
+                          : per_row_mean ? (row_tokens > 0.0 ? 1.0 / (row_tokens + row_epsilon) : 0.0)
                                          : 1.0;
+    C row_log_ratio = C(0);
+    if constexpr (Token::kRowLogRatio) {  // gspo: the row's mean log-ratio, in double as on the CPU
+      double row_values[kUnitFields] = {};
+      for (int64_t t = threadIdx.x; t < in.cols; t += kThreads) {
+        const auto m = static_cast<double>(in.mask[offset + t]);
+        if (m == 0.0) continue;
+        row_values[0] += m * (static_cast<double>(in.logp[offset + t]) - static_cast<double>(in.old_logp[offset + t]));
+        row_values[1] += m;
+      }
+      block_sum(row_values);
+      row_log_ratio = static_cast<C>(row_values[0] / (row_values[1] > 1.0 ? row_values[1] : 1.0));
+    }
     double row_sums[kUnitFields] = {};
     for (int64_t t = threadIdx.x; t < in.cols; t += kThreads) {
       const int64_t i = offset + t;
       const C m = static_cast<C>(in.mask[i]);
       const C advantage = static_cast<C>(in.per_token_advantages ? in.advantages[i] : in.advantages[row]);
-      const auto token = dapo::detail::clipped_token<Math, kDualClip>(
-          static_cast<C>(in.logp[i]) - static_cast<C>(in.old_logp[i]), advantage, low, high, dual_clip);
+      const dapo::detail::TokenInputs<C> inputs{static_cast<C>(in.logp[i]), static_cast<C>(in.old_logp[i]), advantage,
+                                                row_log_ratio};
+      auto token = Token::template terms<Math>(inputs, params);
+      if (in.weights != nullptr) {
+        const auto weight = static_cast<C>(in.weights[i]);
+        token.loss = token.loss * weight;
+        token.grad = token.grad * weight;
+      }
       const bool on = m != C(0);
       row_sums[0] += on ? static_cast<double>(token.loss) : 0.0;
       row_sums[1] += static_cast<double>(m);
@@ -96,25 +115,68 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <class C, class Token, class T, class A, class M, class G>
+void launch_units(const core::PolicyLossInputs<T, A, M>& in, int64_t units, int64_t unit_rows, bool per_row_mean,
+                  const PolicyLossOptions& options, G* raw_grad, UnitSums* partials, cudaStream_t stream) {
+  const auto params = dapo::detail::token_params<simd::Scalar<C>>(options);
+  policy_loss_units_kernel<C, Token><<<static_cast<unsigned>(units), kThreads, 0, stream>>>(
+      in, unit_rows, per_row_mean, options.count_epsilon, params, raw_grad, partials);
+}
+
 }  // namespace detail
 
+// Whether launch_policy_loss computes options.mode: the token-level losses (all but geo_mean, kl_cov, clip_cov).
+inline bool cuda_computes(const PolicyLossOptions& options) {
+  return is_token_level(options.mode);
+}
+
 // Launches the kernel on `stream`: partials must hold policy_loss_units(in.rows, options) entries (device memory);
-// raw_grad [B, T] or null. C: the compute type (float, or double for double inputs).
+// raw_grad [B, T] or null. C: the compute type (float, or double for double inputs). A loss that is not token-level
+// returns cudaErrorInvalidValue without launching (cuda_computes says which).
 template <class C, class T, class A, class M, class G>
 cudaError_t launch_policy_loss(const core::PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options, G* raw_grad,
                                UnitSums* partials, cudaStream_t stream) {
   const int64_t units = policy_loss_units(in.rows, options);
+  if (!cuda_computes(options)) return cudaErrorInvalidValue;
   if (units == 0) return cudaSuccess;
   const int64_t unit_rows = options.aggregation == LossAggregation::kGroupTokenMean ? options.group_size : 1;
   const bool per_row_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean;
-  const C low = static_cast<C>(1.0 - options.clip_low), high = static_cast<C>(1.0 + options.clip_high);
-  const C dual_clip = static_cast<C>(options.dual_clip);
-  if (options.dual_clip > 0.0) {
-    detail::policy_loss_units_kernel<C, true><<<static_cast<unsigned>(units), kThreads, 0, stream>>>(
-        in, unit_rows, per_row_mean, low, high, dual_clip, raw_grad, partials);
-  } else {
-    detail::policy_loss_units_kernel<C, false><<<static_cast<unsigned>(units), kThreads, 0, stream>>>(
-        in, unit_rows, per_row_mean, low, high, dual_clip, raw_grad, partials);
+  namespace token = dapo::detail;
+  const auto launch = [&](auto token_tag) {
+    using Token = decltype(token_tag);
+    detail::launch_units<C, Token>(in, units, unit_rows, per_row_mean, options, raw_grad, partials, stream);
+  };
+  switch (options.mode) {
+    case PolicyLossMode::kVanilla:
+      if (options.dual_clip > 0.0) {
+        launch(token::VanillaToken<true>{});
+      } else {
+        launch(token::VanillaToken<false>{});
+      }
+      break;
+    case PolicyLossMode::kGspo:
+      launch(token::GspoToken{});
+      break;
+    case PolicyLossMode::kSapo:
+      launch(token::SapoToken{});
+      break;
+    case PolicyLossMode::kCispo:
+      launch(token::CispoToken{});
+      break;
+    case PolicyLossMode::kDppoTv:
+      launch(token::DppoTvToken{});
+      break;
+    case PolicyLossMode::kDppoKl:
+      launch(token::DppoKlToken{});
+      break;
+    case PolicyLossMode::kDro:
+      launch(token::DroToken{});
+      break;
+    case PolicyLossMode::kGpg:
+      launch(token::GpgToken{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -19,7 +19,8 @@ namespace dapo::cuda {
 
 inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                                             const torch::Tensor& advantages, const torch::Tensor& mask,
-                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad) {
+                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad,
+                                                            const torch::Tensor& weights) {
   constexpr const char* kWhere = "dapo::policy_loss";
   // The inputs' GPU, which need not be the current one (a data-parallel rank on GPU r, whose current device is still
   // 0): the partials are allocated there and the kernel launches on that GPU's current stream.
@@ -34,9 +35,14 @@ inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor&
     using T = decltype(storage_tag);
     dapo::detail::visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
       using M = decltype(mask_tag);
-      const core::PolicyLossInputs<T, C, M> inputs{
-          logp.data_ptr<T>(),   old_logp.data_ptr<T>(), advantages.data_ptr<C>(), mask.data_ptr<M>(), rows, cols,
-          advantages.dim() == 2};
+      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(),
+                                                   old_logp.data_ptr<T>(),
+                                                   advantages.data_ptr<C>(),
+                                                   mask.data_ptr<M>(),
+                                                   rows,
+                                                   cols,
+                                                   advantages.dim() == 2,
+                                                   weights.defined() ? weights.data_ptr<C>() : nullptr};
       status = launch_policy_loss<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
                                      reinterpret_cast<UnitSums*>(partials.data_ptr<double>()), stream);
     });

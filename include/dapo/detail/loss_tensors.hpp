@@ -14,9 +14,9 @@ namespace dapo {
 
 struct PolicyLossOutput {
   torch::Tensor loss;                // differentiable in logp
-  torch::Tensor clip_fraction;       // share of masked tokens where the decoupled clip bound the loss
-  torch::Tensor dual_clip_fraction;  // share of masked tokens capped by the dual clip (0 when disabled)
-  torch::Tensor approx_kl;           // masked mean of old_logp - logp
+  torch::Tensor clip_fraction;       // share of masked tokens where the loss's clip acted (verl's pg_clipfrac)
+  torch::Tensor dual_clip_fraction;  // share capped by the dual clip or dppo's ratio cap (pg_clipfrac_lower)
+  torch::Tensor approx_kl;           // masked mean of old_logp - logp (verl's ppo_kl; kl_cov: of |logp - old_logp|)
 };
 
 namespace detail {
@@ -25,7 +25,8 @@ namespace detail {
 // groups, the global token and row counts) need a pass over the mask; the fused kernel makes them during its own pass.
 inline void check_policy_loss_inputs(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                      const torch::Tensor& advantages, const torch::Tensor& mask,
-                                     const PolicyLossOptions& options, const char* where) {
+                                     const PolicyLossOptions& options, const char* where,
+                                     const torch::Tensor& weights = {}) {
   check_floating(logp, "logp", where);
   check_dim(logp, 2, "logp", where);
   check_floating(old_logp, "old_logp", where);
@@ -47,6 +48,12 @@ inline void check_policy_loss_inputs(const torch::Tensor& logp, const torch::Ten
                "advantages has shape ", shape_of(advantages), ", expected [", rows, "] or ", shape_of(logp),
                " (logp's shape)");
   check_same_device(advantages, logp, "advantages", "logp", where);
+  if (weights.defined()) {
+    check_floating(weights, "weights", where);
+    DAPO_REQUIRE(weights.sizes() == logp.sizes(), where, "weights has shape ", shape_of(weights), " but logp has ",
+                 shape_of(logp));
+    check_same_device(weights, logp, "weights", "logp", where);
+  }
 
   check_policy_loss_options(options, rows, where);
 }
@@ -75,8 +82,9 @@ inline void check_policy_loss_data(const torch::Tensor& mask, const PolicyLossOp
                  " but this batch alone holds ", local, " masked tokens");
   }
   const bool seq_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean ||
-                        options.aggregation == LossAggregation::kSeqMeanTokenSum;
-  if (seq_mean && options.global_row_count > 0.0) {
+                        options.aggregation == LossAggregation::kSeqMeanTokenSum ||
+                        options.aggregation == LossAggregation::kSeqMeanTokenSumNorm;
+  if (seq_mean && options.mode != PolicyLossMode::kGeoMean && options.global_row_count > 0.0) {
     const auto local = (mask_values.sum(1) > 0).sum().item<int64_t>();
     DAPO_REQUIRE(options.global_row_count >= static_cast<double>(local), where, "global_row_count is ",
                  options.global_row_count, " but this batch alone holds ", local, " rows with a masked token");
