@@ -6,6 +6,6 @@
 #include "dapo/logprob.hpp"
 #include "dapo/loss.hpp"
 #include "dapo/reward.hpp"
-#include "dapo/rollout_correction.hpp"
 #include "dapo/rewards/gsm8k.hpp"
+#include "dapo/rollout_correction.hpp"
 #include "dapo/sampling.hpp"

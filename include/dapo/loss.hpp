@@ -124,22 +124,40 @@ inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& 
                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad,
                                                            const torch::Tensor& weights) {
   core::PolicyLossKernelResult out;
-  visit_floating_dtype(logp.scalar_type(), "dapo::policy_loss", [&](auto compute_tag, auto logp_tag) {
-    using C = decltype(compute_tag);
-    using T = decltype(logp_tag);
-    visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
-      using M = decltype(mask_tag);
-      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(),
-                                                   old_logp.data_ptr<T>(),
-                                                   advantages.data_ptr<C>(),
-                                                   mask.data_ptr<M>(),
-                                                   logp.size(0),
-                                                   logp.size(1),
-                                                   advantages.dim() == 2,
-                                                   weights.defined() ? weights.data_ptr<C>() : nullptr};
-      out = core::any_policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
-                                            "dapo::policy_loss", AtenParallelFor{});
+  if (options.mode == PolicyLossMode::kVanilla && !weights.defined()) {
+    // DAPO's own path reads every logp and mask dtype as it is.
+    visit_floating_dtype(logp.scalar_type(), "dapo::policy_loss", [&](auto compute_tag, auto logp_tag) {
+      using C = decltype(compute_tag);
+      using T = decltype(logp_tag);
+      visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
+        using M = decltype(mask_tag);
+        const core::PolicyLossInputs<T, C, M> inputs{
+            logp.data_ptr<T>(), old_logp.data_ptr<T>(), advantages.data_ptr<C>(), mask.data_ptr<M>(),
+            logp.size(0),       logp.size(1),           advantages.dim() == 2};
+        out =
+            core::vanilla_policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
+                                                "dapo::policy_loss", AtenParallelFor{});
+      });
     });
+    return out;
+  }
+  // The other losses, and vanilla with weights, read everything in the compute dtype (one conversion pass where the
+  // inputs differ), which keeps their kernels to two instantiations (float and double).
+  const auto compute_type = compute_dtype(logp.scalar_type());
+  const auto as_compute = [&](const torch::Tensor& t) { return t.to(compute_type).contiguous(); };
+  const torch::Tensor logp_c = as_compute(logp), old_logp_c = as_compute(old_logp), mask_c = as_compute(mask);
+  visit_floating_dtype(compute_type, "dapo::policy_loss", [&](auto compute_tag, auto) {
+    using C = decltype(compute_tag);
+    const core::PolicyLossInputs<C, C, C> inputs{logp_c.data_ptr<C>(),
+                                                 old_logp_c.data_ptr<C>(),
+                                                 advantages.data_ptr<C>(),
+                                                 mask_c.data_ptr<C>(),
+                                                 logp.size(0),
+                                                 logp.size(1),
+                                                 advantages.dim() == 2,
+                                                 weights.defined() ? weights.data_ptr<C>() : nullptr};
+    out = core::any_policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
+                                          "dapo::policy_loss", AtenParallelFor{});
   });
   return out;
 }

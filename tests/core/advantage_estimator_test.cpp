@@ -40,18 +40,16 @@ TEST_CASE("estimators group rows by the prompt index wherever they sit, and name
   dapo::core::estimate_advantages<double>(rewards, mask, index, 4, 1, {.estimator = AdvantageEstimator::kRloo},
                                           advantages);
   CHECK(advantages == std::vector<double>{1.0, -1.0, -1.0, 1.0});  // s - mean of the others
-  dapo::core::estimate_advantages<double>(rewards, mask, index, 4, 1,
-                                          {.estimator = AdvantageEstimator::kGrpo, .norm_adv_by_std = false},
-                                          advantages);
+  dapo::core::estimate_advantages<double>(
+      rewards, mask, index, 4, 1, {.estimator = AdvantageEstimator::kGrpo, .norm_adv_by_std = false}, advantages);
   CHECK(advantages == std::vector<double>{0.5, -0.5, -0.5, 0.5});
-  CHECK_THROWS_WITH_AS(dapo::core::estimate_advantages<double>(rewards, mask, std::vector<int64_t>{1, 1, 1, 2}, 4, 1,
-                                                               {.estimator = AdvantageEstimator::kGrpoPassk},
-                                                               advantages),
-                       doctest::Contains("grpo_passk needs at least 2 rows per prompt; index 2 has 1"),
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::core::estimate_advantages<double>(rewards, mask, std::vector<int64_t>{1, 1, 1}, 4, 1, {},
-                                                               advantages),
-                       doctest::Contains("index has 3 elements, expected B = 4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      dapo::core::estimate_advantages<double>(rewards, mask, std::vector<int64_t>{1, 1, 1, 2}, 4, 1,
+                                              {.estimator = AdvantageEstimator::kGrpoPassk}, advantages),
+      doctest::Contains("grpo_passk needs at least 2 rows per prompt; index 2 has 1"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      dapo::core::estimate_advantages<double>(rewards, mask, std::vector<int64_t>{1, 1, 1}, 4, 1, {}, advantages),
+      doctest::Contains("index has 3 elements, expected B = 4"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(dapo::advantage_estimator_from_name("gae"),
                        doctest::Contains("unknown advantage estimator 'gae', expected one of grpo, grpo_passk"),
                        std::invalid_argument);

@@ -53,8 +53,8 @@ TEST_CASE("every token-level loss: each SIMD width of the float kernel agrees wi
           std::vector<double> expected_grad(c.logp.size());
           const auto expected = dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows,
                                                                 c.cols, options, expected_grad, weights);
-          const auto logp = as<float>(c.logp), old_logp = as<float>(c.old_logp),
-                     advantages = as<float>(c.advantages), weights_f = as<float>(weights), mask = as<float>(c.mask);
+          const auto logp = as<float>(c.logp), old_logp = as<float>(c.old_logp), advantages = as<float>(c.advantages),
+                     weights_f = as<float>(weights), mask = as<float>(c.mask);
           for (const int lanes : widths) {
             CAPTURE(name);
             CAPTURE(dapo::aggregation_name(aggregation));
@@ -136,8 +136,8 @@ TEST_CASE("token-sum: the plain masked sum, and every loss's value at ratio 1 is
   const std::vector<double> logp{-0.5, -1.5, -2.0, -0.25}, advantages{2.0, -1.0}, mask{1.0, 1.0, 1.0, 0.0};
   using M = dapo::PolicyLossMode;
   const auto sum = [&](M mode) {
-    const dapo::PolicyLossOptions options{.aggregation = dapo::LossAggregation::kTokenSum, .mode = mode,
-                                          .dro_beta = 1.0};
+    const dapo::PolicyLossOptions options{
+        .aggregation = dapo::LossAggregation::kTokenSum, .mode = mode, .dro_beta = 1.0};
     return dapo::core::policy_loss<double>(logp, logp, advantages, mask, 2, 2, options).loss;
   };
   CHECK(sum(M::kVanilla) == doctest::Approx(-2.0 - 2.0 + 1.0));

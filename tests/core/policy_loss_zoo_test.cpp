@@ -29,8 +29,8 @@ struct Computed {
 
 template <class T>
 Computed<T> compute(const ZooLossCase& c, const dapo::PolicyLossOptions& options) {
-  const auto logp = as<T>(c.logp), old_logp = as<T>(c.old_logp), advantages = as<T>(c.advantages),
-             mask = as<T>(c.mask), weights = as<T>(c.weights);
+  const auto logp = as<T>(c.logp), old_logp = as<T>(c.old_logp), advantages = as<T>(c.advantages), mask = as<T>(c.mask),
+             weights = as<T>(c.weights);
   Computed<T> out;
   out.grad.assign(logp.size(), T(0));
   out.result = dapo::core::policy_loss<T>(logp, old_logp, advantages, mask, c.rows, c.cols, options, out.grad, weights);

@@ -81,8 +81,8 @@ TEST_CASE("core rollout_rejection_mask matches every rollout_rs case of verl_zoo
     for (const auto& option : options) ++per_option[option.name];
   }
   MESSAGE("verl_zoo.json rollout_rs: " << cases->size() << " cases (" << counted(per_option) << ")");
-  for (const char* option : {"token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_mean_k2", "seq_mean_k3",
-                             "seq_max_k2"}) {
+  for (const char* option :
+       {"token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2"}) {
     CAPTURE(option);
     CHECK(per_option[option] > 0);
   }

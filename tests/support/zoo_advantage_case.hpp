@@ -43,8 +43,7 @@ inline std::optional<std::vector<ZooAdvantageCase>> zoo_advantage_cases() {
     const auto& config = item.at("config");
     const auto& kwargs = item.at("kwargs");
     c.options.estimator = advantage_estimator_from_name(c.estimator == "grpo_no_std" ? "grpo" : c.estimator);
-    c.options.norm_adv_by_std =
-        kwargs.value("norm_adv_by_std_in_grpo", config.value("norm_adv_by_std_in_grpo", true));
+    c.options.norm_adv_by_std = kwargs.value("norm_adv_by_std_in_grpo", config.value("norm_adv_by_std_in_grpo", true));
     c.options.epsilon = item.value("epsilon", 1e-6);
     c.options.gamma = config.value("gamma", 1.0);
     c.options.f_norm = kwargs.value("f_norm", 1.0);
@@ -58,10 +57,11 @@ inline std::optional<std::vector<ZooAdvantageCase>> zoo_advantage_cases() {
     all.push_back(std::move(c));
   }
   std::string counts;
-  for (const auto& [name, count] : per_estimator) counts += (counts.empty() ? "" : ", ") + name + " " + std::to_string(count);
+  for (const auto& [name, count] : per_estimator)
+    counts += (counts.empty() ? "" : ", ") + name + " " + std::to_string(count);
   MESSAGE("verl_zoo.json advantage: " << all.size() << " cases (" << counts << ")");
-  for (const char* estimator : {"grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus",
-                                "reinforce_plus_plus_baseline", "gpg"}) {
+  for (const char* estimator :
+       {"grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg"}) {
     CAPTURE(estimator);
     CHECK(per_estimator[estimator] > 0);
   }

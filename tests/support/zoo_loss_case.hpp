@@ -56,8 +56,7 @@ inline PolicyLossOptions options_from_verl(const std::string& loss_mode, const s
   if (config.contains("policy_loss")) {
     const auto& policy_loss = config.at("policy_loss");
     const auto number = [&](const char* key, double fallback) {
-      return policy_loss.contains(key) && !policy_loss.at(key).is_null() ? policy_loss.at(key).get<double>()
-                                                                         : fallback;
+      return policy_loss.contains(key) && !policy_loss.at(key).is_null() ? policy_loss.at(key).get<double>() : fallback;
     };
     o.dro_beta = number("dro_beta", o.dro_beta);
     o.kl_cov_ratio = number("kl_cov_ratio", o.kl_cov_ratio);
@@ -122,7 +121,8 @@ inline std::optional<std::vector<ZooLossCase>> zoo_loss_cases() {
     all.push_back(std::move(c));
   }
   MESSAGE("verl_zoo.json policy_loss: " << all.size() << " cases (" << count_message(per_loss) << ")");
-  for (const char* mode : {"vanilla", "gspo", "sapo", "cispo", "geo_mean", "dppo_tv", "dppo_kl", "dro", "kl_cov", "gpg"}) {
+  for (const char* mode :
+       {"vanilla", "gspo", "sapo", "cispo", "geo_mean", "dppo_tv", "dppo_kl", "dro", "kl_cov", "gpg"}) {
     CAPTURE(mode);
     CHECK((per_loss[mode] + per_loss[std::string(mode) + "+is"]) > 0);
   }
@@ -165,8 +165,8 @@ inline std::optional<std::vector<ZooAggCase>> zoo_agg_cases() {
     all.push_back(std::move(c));
   }
   MESSAGE("verl_zoo.json agg_loss: " << all.size() << " cases (" << count_message(per_mode) << ")");
-  for (const char* mode : {"token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
-                           "seq-mean-token-sum-norm"}) {
+  for (const char* mode :
+       {"token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"}) {
     CAPTURE(mode);
     CHECK(per_mode[mode] > 0);
   }

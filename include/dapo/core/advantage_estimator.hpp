@@ -51,8 +51,7 @@ inline std::string_view advantage_estimator_name(AdvantageEstimator estimator) {
 }
 
 inline AdvantageEstimator advantage_estimator_from_name(std::string_view name) {
-  return detail::value_of(kAdvantageEstimatorNames, name, "advantage estimator",
-                          "dapo::advantage_estimator_from_name");
+  return detail::value_of(kAdvantageEstimatorNames, name, "advantage estimator", "dapo::advantage_estimator_from_name");
 }
 
 struct AdvantageEstimatorOptions {
@@ -173,8 +172,8 @@ void estimate_advantages(std::span<const T> token_level_rewards, std::span<const
     }
     case AdvantageEstimator::kGrpoPassk:
       for (const auto& [id, members] : groups) {
-        DAPO_REQUIRE(members.size() >= 2, kWhere, "grpo_passk needs at least 2 rows per prompt; index ", id,
-                     " has ", members.size());
+        DAPO_REQUIRE(members.size() >= 2, kWhere, "grpo_passk needs at least 2 rows per prompt; index ", id, " has ",
+                     members.size());
         // The best row (the first of equals) and the best score among the others.
         int64_t best = members.front();
         for (const int64_t b : members) {

@@ -25,17 +25,17 @@ namespace dapo {
 
 struct AggLossOptions {  // verl's agg_loss keyword arguments; 0 means "not given"
   int64_t dp_size = 1;
-  double batch_num_tokens = 0.0;   // token-mean: the global batch's masked tokens (required when dp_size > 1)
-  double global_batch_size = 0.0;  // seq-mean-*: the global batch's rows (required when dp_size > 1)
-  double loss_scale_factor = 0.0;  // seq-mean-token-sum-norm: the divisor per row (default T)
+  double batch_num_tokens = 0.0;           // token-mean: the global batch's masked tokens (required when dp_size > 1)
+  double global_batch_size = 0.0;          // seq-mean-*: the global batch's rows (required when dp_size > 1)
+  double loss_scale_factor = 0.0;          // seq-mean-token-sum-norm: the divisor per row (default T)
   double row_epsilon = kVerlCountEpsilon;  // seq-mean-token-mean: added to each row's token count, as verl does
 };
 
 namespace core {
 
 template <std::floating_point T>
-double agg_loss(std::span<const T> loss_mat, std::span<const T> mask, int64_t rows, int64_t cols,
-                LossAggregation mode, const AggLossOptions& options = {}, std::span<T> grad_loss_mat = {}) {
+double agg_loss(std::span<const T> loss_mat, std::span<const T> mask, int64_t rows, int64_t cols, LossAggregation mode,
+                const AggLossOptions& options = {}, std::span<T> grad_loss_mat = {}) {
   constexpr const char* kWhere = "dapo::core::agg_loss";
   DAPO_REQUIRE(rows >= 0 && cols >= 0, kWhere, "shape [", rows, ", ", cols, "] has a negative extent");
   const auto size = static_cast<std::size_t>(rows * cols);
@@ -49,13 +49,13 @@ double agg_loss(std::span<const T> loss_mat, std::span<const T> mask, int64_t ro
   DAPO_REQUIRE(options.dp_size >= 1, kWhere, "dp_size is ", options.dp_size, ", expected >= 1");
   DAPO_REQUIRE(options.batch_num_tokens >= 0.0 && options.global_batch_size >= 0.0 &&
                    options.loss_scale_factor >= 0.0 && options.row_epsilon >= 0.0,
-               kWhere, "batch_num_tokens ", options.batch_num_tokens, ", global_batch_size ",
-               options.global_batch_size, ", loss_scale_factor ", options.loss_scale_factor, ", row_epsilon ",
-               options.row_epsilon, ": expected values >= 0 (0 = not given)");
+               kWhere, "batch_num_tokens ", options.batch_num_tokens, ", global_batch_size ", options.global_batch_size,
+               ", loss_scale_factor ", options.loss_scale_factor, ", row_epsilon ", options.row_epsilon,
+               ": expected values >= 0 (0 = not given)");
   const bool token_mode = mode == LossAggregation::kTokenMean;
   const bool seq_mode = mode != LossAggregation::kTokenMean && mode != LossAggregation::kTokenSum;
-  DAPO_REQUIRE(options.dp_size == 1 || !token_mode || options.batch_num_tokens > 0.0, kWhere,
-               "dp_size is ", options.dp_size, ": token-mean needs the global batch_num_tokens");
+  DAPO_REQUIRE(options.dp_size == 1 || !token_mode || options.batch_num_tokens > 0.0, kWhere, "dp_size is ",
+               options.dp_size, ": token-mean needs the global batch_num_tokens");
   DAPO_REQUIRE(options.dp_size == 1 || !seq_mode || options.global_batch_size > 0.0, kWhere, "dp_size is ",
                options.dp_size, ": ", aggregation_name(mode), " needs the global global_batch_size");
 

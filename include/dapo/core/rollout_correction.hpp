@@ -67,8 +67,8 @@ inline RolloutIsOptions parse_rollout_is(std::string_view level, std::string_vie
   } else {
     options.lower = number(threshold.substr(0, split));
     options.upper = number(threshold.substr(split + 1));
-    DAPO_REQUIRE(options.lower > 0.0 && options.lower <= options.upper, kWhere, "rollout_is_threshold is '",
-                 threshold, "', expected 0 < L <= U");
+    DAPO_REQUIRE(options.lower > 0.0 && options.lower <= options.upper, kWhere, "rollout_is_threshold is '", threshold,
+                 "', expected 0 < L <= U");
   }
   DAPO_REQUIRE(options.upper > 0.0, kWhere, "rollout_is_threshold is '", threshold, "', expected U > 0");
   return options;
@@ -97,9 +97,9 @@ inline std::vector<RolloutRsOption> parse_rollout_rs(std::string_view names, std
     if (!current.empty()) parts.push_back(current);
     return parts;
   };
-  static constexpr std::string_view kKnown[] = {"token_k1",    "token_k2",    "token_k3",   "seq_sum_k1",
-                                                "seq_sum_k2",  "seq_sum_k3",  "seq_mean_k1", "seq_mean_k2",
-                                                "seq_mean_k3", "seq_max_k2",  "seq_max_k3"};
+  static constexpr std::string_view kKnown[] = {"token_k1",    "token_k2",   "token_k3",    "seq_sum_k1",
+                                                "seq_sum_k2",  "seq_sum_k3", "seq_mean_k1", "seq_mean_k2",
+                                                "seq_mean_k3", "seq_max_k2", "seq_max_k3"};
   std::vector<std::string> option_names;
   for (const std::string& name : split_commas(names)) {
     bool known = false;
@@ -156,8 +156,8 @@ std::vector<double> checked_mask(std::span<const T> log_ratio, std::span<const T
                                  const char* where) {
   DAPO_REQUIRE(rows >= 0 && cols >= 0, where, "shape [", rows, ", ", cols, "] has a negative extent");
   const auto size = static_cast<std::size_t>(rows * cols);
-  DAPO_REQUIRE(log_ratio.size() == size, where, "log_ratio has ", log_ratio.size(), " elements, expected B * T = ",
-               rows, " * ", cols);
+  DAPO_REQUIRE(log_ratio.size() == size, where, "log_ratio has ", log_ratio.size(),
+               " elements, expected B * T = ", rows, " * ", cols);
   DAPO_REQUIRE(mask.size() == size, where, "response_mask has ", mask.size(), " elements but log_ratio has ", size);
   std::vector<double> values(size);
   for (std::size_t i = 0; i < size; ++i) {
@@ -272,7 +272,8 @@ std::map<std::string, double> rollout_rejection_mask(std::span<const T> log_rati
   double tokens = 0.0, nonempty_rows = 0.0;
   std::vector<double> row_tokens(static_cast<std::size_t>(rows), 0.0);
   for (int64_t b = 0; b < rows; ++b) {
-    for (int64_t t = 0; t < cols; ++t) row_tokens[static_cast<std::size_t>(b)] += mask[static_cast<std::size_t>(b * cols + t)];
+    for (int64_t t = 0; t < cols; ++t)
+      row_tokens[static_cast<std::size_t>(b)] += mask[static_cast<std::size_t>(b * cols + t)];
     tokens += row_tokens[static_cast<std::size_t>(b)];
     nonempty_rows += row_tokens[static_cast<std::size_t>(b)] > 0.0 ? 1.0 : 0.0;
   }

@@ -130,22 +130,30 @@ inline bool cuda_computes(const PolicyLossOptions& options) {
   return is_token_level(options.mode);
 }
 
-// Launches the kernel on `stream`: partials must hold policy_loss_units(in.rows, options) entries (device memory);
-// raw_grad [B, T] or null. C: the compute type (float, or double for double inputs). A loss that is not token-level
-// returns cudaErrorInvalidValue without launching (cuda_computes says which).
-template <class C, class T, class A, class M, class G>
-cudaError_t launch_policy_loss(const core::PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options, G* raw_grad,
-                               UnitSums* partials, cudaStream_t stream) {
+namespace detail {
+
+template <bool kFamily, class C, class T, class A, class M, class G>
+cudaError_t launch_impl(const core::PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options, G* raw_grad,
+                        UnitSums* partials, cudaStream_t stream) {
   const int64_t units = policy_loss_units(in.rows, options);
   if (!cuda_computes(options)) return cudaErrorInvalidValue;
+  if (!kFamily && (options.mode != PolicyLossMode::kVanilla || in.weights != nullptr)) return cudaErrorInvalidValue;
   if (units == 0) return cudaSuccess;
   const int64_t unit_rows = options.aggregation == LossAggregation::kGroupTokenMean ? options.group_size : 1;
   const bool per_row_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean;
   namespace token = dapo::detail;
   const auto launch = [&](auto token_tag) {
     using Token = decltype(token_tag);
-    detail::launch_units<C, Token>(in, units, unit_rows, per_row_mean, options, raw_grad, partials, stream);
+    launch_units<C, Token>(in, units, unit_rows, per_row_mean, options, raw_grad, partials, stream);
   };
+  if constexpr (!kFamily) {
+    if (options.dual_clip > 0.0) {
+      launch(token::VanillaToken<true>{});
+    } else {
+      launch(token::VanillaToken<false>{});
+    }
+    return cudaGetLastError();
+  }
   switch (options.mode) {
     case PolicyLossMode::kVanilla:
       if (options.dual_clip > 0.0) {
@@ -179,6 +187,25 @@ cudaError_t launch_policy_loss(const core::PolicyLossInputs<T, A, M>& in, const 
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+}  // namespace detail
+
+// Launches the kernel on `stream`: partials must hold policy_loss_units(in.rows, options) entries (device memory);
+// raw_grad [B, T] or null. C: the compute type (float, or double for double inputs). A loss that is not token-level
+// returns cudaErrorInvalidValue without launching (cuda_computes says which). launch_vanilla_policy_loss launches
+// vanilla without weights only (anything else: cudaErrorInvalidValue): a caller instantiating every input dtype
+// does not instantiate every loss for each.
+template <class C, class T, class A, class M, class G>
+cudaError_t launch_policy_loss(const core::PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options, G* raw_grad,
+                               UnitSums* partials, cudaStream_t stream) {
+  return detail::launch_impl<true, C>(in, options, raw_grad, partials, stream);
+}
+
+template <class C, class T, class A, class M, class G>
+cudaError_t launch_vanilla_policy_loss(const core::PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
+                                       G* raw_grad, UnitSums* partials, cudaStream_t stream) {
+  return detail::launch_impl<false, C>(in, options, raw_grad, partials, stream);
 }
 
 // Adds the units' sums (host copies, in unit order) into the batch's; returns the index of the first unit with an

@@ -30,23 +30,40 @@ inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor&
   torch::Tensor partials = torch::empty({units, kUnitFields}, logp.options().dtype(torch::kFloat64));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(logp.device().index());
   cudaError_t status = cudaSuccess;
-  dapo::detail::visit_floating_dtype(logp.scalar_type(), kWhere, [&](auto compute_tag, auto storage_tag) {
-    using C = decltype(compute_tag);
-    using T = decltype(storage_tag);
-    dapo::detail::visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
-      using M = decltype(mask_tag);
-      const core::PolicyLossInputs<T, C, M> inputs{logp.data_ptr<T>(),
-                                                   old_logp.data_ptr<T>(),
+  UnitSums* unit_sums = reinterpret_cast<UnitSums*>(partials.data_ptr<double>());
+  if (options.mode == PolicyLossMode::kVanilla && !weights.defined()) {
+    // DAPO's own path reads every logp and mask dtype as it is.
+    dapo::detail::visit_floating_dtype(logp.scalar_type(), kWhere, [&](auto compute_tag, auto storage_tag) {
+      using C = decltype(compute_tag);
+      using T = decltype(storage_tag);
+      dapo::detail::visit_mask_dtype(mask.scalar_type(), [&](auto mask_tag) {
+        using M = decltype(mask_tag);
+        const core::PolicyLossInputs<T, C, M> inputs{
+            logp.data_ptr<T>(),   old_logp.data_ptr<T>(), advantages.data_ptr<C>(), mask.data_ptr<M>(), rows, cols,
+            advantages.dim() == 2};
+        status = launch_vanilla_policy_loss<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
+                                               unit_sums, stream);
+      });
+    });
+  } else {
+    // The other token-level losses, and vanilla with weights, in the compute dtype (as on the CPU).
+    const auto compute_type = dapo::detail::compute_dtype(logp.scalar_type());
+    const auto as_compute = [&](const torch::Tensor& t) { return t.to(compute_type).contiguous(); };
+    const torch::Tensor logp_c = as_compute(logp), old_logp_c = as_compute(old_logp), mask_c = as_compute(mask);
+    dapo::detail::visit_floating_dtype(compute_type, kWhere, [&](auto compute_tag, auto) {
+      using C = decltype(compute_tag);
+      const core::PolicyLossInputs<C, C, C> inputs{logp_c.data_ptr<C>(),
+                                                   old_logp_c.data_ptr<C>(),
                                                    advantages.data_ptr<C>(),
-                                                   mask.data_ptr<M>(),
+                                                   mask_c.data_ptr<C>(),
                                                    rows,
                                                    cols,
                                                    advantages.dim() == 2,
                                                    weights.defined() ? weights.data_ptr<C>() : nullptr};
-      status = launch_policy_loss<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
-                                     reinterpret_cast<UnitSums*>(partials.data_ptr<double>()), stream);
+      status = launch_policy_loss<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr, unit_sums,
+                                     stream);
     });
-  });
+  }
   DAPO_REQUIRE(status == cudaSuccess, kWhere, "CUDA kernel launch failed: ", cudaGetErrorString(status));
   const torch::Tensor host = partials.cpu();  // synchronises with the stream
   core::PolicyLossSums total;

@@ -258,19 +258,19 @@ struct LossRowKernel {
       case PolicyLossMode::kVanilla:
         if (options.dual_clip > 0.0) {
           return loss_row_of<Math, VanillaToken<true>, kPerTokenAdvantage, kBuffered>(row, cols, row_advantage, options,
-                                                                                     grad_row, sums, bad_col);
+                                                                                      grad_row, sums, bad_col);
         }
         return loss_row_of<Math, VanillaToken<false>, kPerTokenAdvantage, kBuffered>(row, cols, row_advantage, options,
-                                                                                    grad_row, sums, bad_col);
+                                                                                     grad_row, sums, bad_col);
       default:
         if constexpr (kBuffered) {
           switch (options.mode) {
             case PolicyLossMode::kGspo:
-              return loss_row_of<Math, dapo::detail::GspoToken, true, true>(row, cols, row_advantage, options,
-                                                                            grad_row, sums, bad_col);
+              return loss_row_of<Math, dapo::detail::GspoToken, true, true>(row, cols, row_advantage, options, grad_row,
+                                                                            sums, bad_col);
             case PolicyLossMode::kSapo:
-              return loss_row_of<Math, dapo::detail::SapoToken, true, true>(row, cols, row_advantage, options,
-                                                                            grad_row, sums, bad_col);
+              return loss_row_of<Math, dapo::detail::SapoToken, true, true>(row, cols, row_advantage, options, grad_row,
+                                                                            sums, bad_col);
             case PolicyLossMode::kCispo:
               return loss_row_of<Math, dapo::detail::CispoToken, true, true>(row, cols, row_advantage, options,
                                                                              grad_row, sums, bad_col);
@@ -281,11 +281,11 @@ struct LossRowKernel {
               return loss_row_of<Math, dapo::detail::DppoKlToken, true, true>(row, cols, row_advantage, options,
                                                                               grad_row, sums, bad_col);
             case PolicyLossMode::kDro:
-              return loss_row_of<Math, dapo::detail::DroToken, true, true>(row, cols, row_advantage, options,
-                                                                           grad_row, sums, bad_col);
+              return loss_row_of<Math, dapo::detail::DroToken, true, true>(row, cols, row_advantage, options, grad_row,
+                                                                           sums, bad_col);
             case PolicyLossMode::kGpg:
-              return loss_row_of<Math, dapo::detail::GpgToken, true, true>(row, cols, row_advantage, options,
-                                                                           grad_row, sums, bad_col);
+              return loss_row_of<Math, dapo::detail::GpgToken, true, true>(row, cols, row_advantage, options, grad_row,
+                                                                           sums, bad_col);
             default:
               break;
           }
@@ -379,10 +379,21 @@ inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, in
 // weight (1 / response tokens, 1 / group tokens) is applied while the row or group is still in cache.
 // Checks the data (mask values, empty groups, global token and row counts); the caller has checked shapes and options.
 // float_lanes: the SIMD width for float compute (0: the widest this CPU runs; 4, 8, 16 to force one, for tests).
-template <class C, class T, class A, class M, class G, class ParallelFor = SerialFor>
-PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
-                                          G* raw_grad, const char* where, const ParallelFor& parallel = {},
-                                          int float_lanes = 0) {
+//
+// policy_loss_kernel computes every token-level loss; vanilla_policy_loss_kernel only vanilla without weights (DAPO's
+// own path), so that a caller instantiating many input types (every logp and mask dtype of the tensor front end) does
+// not instantiate every loss for each of them.
+}  // namespace DAPO_KERNEL_ABI
+}  // namespace core
+
+namespace detail {
+inline namespace DAPO_KERNEL_ABI {
+
+template <bool kFamily, class C, class T, class A, class M, class G, class ParallelFor>
+core::PolicyLossKernelResult policy_loss_kernel_impl(const core::PolicyLossInputs<T, A, M>& in,
+                                                     const PolicyLossOptions& options, G* raw_grad, const char* where,
+                                                     const ParallelFor& parallel, int float_lanes) {
+  using core::PolicyLossSums;
   const bool grouped = options.aggregation == LossAggregation::kGroupTokenMean;
   const int64_t unit = grouped ? options.group_size : 1;  // a block never splits a group
   constexpr int64_t kBlockTokens = 1 << 15;
@@ -398,6 +409,9 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
   // DAPO's own path reads a [B] advantage per row and no weights; every other loss, and vanilla with weights, reads
   // both per token from row buffers when they are not [B, T] already.
   const bool buffered = options.mode != PolicyLossMode::kVanilla || in.weights != nullptr;
+  DAPO_REQUIRE(kFamily || !buffered, where, "vanilla_policy_loss_kernel computes vanilla without weights; the ",
+               policy_loss_name(options.mode), " loss", in.weights != nullptr ? " with weights" : "",
+               " needs policy_loss_kernel");
 
   parallel(num_blocks, [&](int64_t first_block, int64_t last_block) {
     std::vector<A> advantage_row, ones;
@@ -424,8 +438,10 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
           G* grad_row = raw_grad != nullptr ? raw_grad + offset : nullptr;
           bool ok = false;
           if (buffered) {
-            ok = simd::run<C, detail::LossRowKernel<true, true>>(lanes, pointers, in.cols, row_advantage, options,
-                                                                 grad_row, row_sums, bad_col);
+            if constexpr (kFamily) {
+              ok = simd::run<C, detail::LossRowKernel<true, true>>(lanes, pointers, in.cols, row_advantage, options,
+                                                                   grad_row, row_sums, bad_col);
+            }
           } else if (in.per_token_advantages) {
             ok = simd::run<C, detail::LossRowKernel<true, false>>(lanes, pointers, in.cols, row_advantage, options,
                                                                   grad_row, row_sums, bad_col);
@@ -465,9 +481,28 @@ PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, c
     if (!block.error.empty()) throw std::invalid_argument(block.error);
     total.add(block.sums);
   }
-  return finish_policy_loss(total, in.rows, in.cols, options, where);
+  return core::finish_policy_loss(total, in.rows, in.cols, options, where);
 }
 
+}  // namespace DAPO_KERNEL_ABI
+}  // namespace detail
+
+namespace core {
+inline namespace DAPO_KERNEL_ABI {
+
+template <class C, class T, class A, class M, class G, class ParallelFor = SerialFor>
+PolicyLossKernelResult policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
+                                          G* raw_grad, const char* where, const ParallelFor& parallel = {},
+                                          int float_lanes = 0) {
+  return detail::policy_loss_kernel_impl<true, C>(in, options, raw_grad, where, parallel, float_lanes);
+}
+
+template <class C, class T, class A, class M, class G, class ParallelFor = SerialFor>
+PolicyLossKernelResult vanilla_policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
+                                                  G* raw_grad, const char* where, const ParallelFor& parallel = {},
+                                                  int float_lanes = 0) {
+  return detail::policy_loss_kernel_impl<false, C>(in, options, raw_grad, where, parallel, float_lanes);
+}
 
 // The aggregation of per-token terms that a loss computed outside the fused pass (kl_cov and clip_cov choose their
 // tokens by a statistic of the whole call first), with the kernel's rules and data checks, serially in double.
@@ -508,7 +543,8 @@ PolicyLossKernelResult aggregate_token_terms(const M* mask, int64_t rows, int64_
       unit_sums.add(row_sums);
     }
     if (grouped) {
-      if (unit_sums.tokens == 0.0) throw std::invalid_argument(detail::empty_group_message(where, unit_start / unit, unit));
+      if (unit_sums.tokens == 0.0)
+        throw std::invalid_argument(detail::empty_group_message(where, unit_start / unit, unit));
       detail::scale_rows(raw_grad, unit_start, unit_start + unit, cols, 1.0 / unit_sums.tokens);
       unit_sums.loss /= unit_sums.tokens;
     }
@@ -516,7 +552,6 @@ PolicyLossKernelResult aggregate_token_terms(const M* mask, int64_t rows, int64_
   }
   return finish_policy_loss(total, rows, cols, options, where);
 }
-
 
 }  // namespace DAPO_KERNEL_ABI
 }  // namespace core

@@ -41,21 +41,20 @@ std::vector<char> kl_cov_choice(const PolicyLossInputs<T, A, M>& in, const Polic
   for (std::size_t j = 0; j < valid.size(); ++j) {
     cov[j] = (advantage(valid[j]) - mean_advantage) * (static_cast<double>(in.logp[valid[j]]) - mean_logp);
   }
-  const auto count = std::max<int64_t>(
-      1, static_cast<int64_t>(static_cast<double>(valid.size()) * options.kl_cov_ratio));
+  const auto count =
+      std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(valid.size()) * options.kl_cov_ratio));
   std::vector<std::size_t> order(valid.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::partial_sort(order.begin(), order.begin() + count, order.end(), [&](std::size_t a, std::size_t b) {
-    return cov[a] > cov[b] || (cov[a] == cov[b] && a < b);
-  });
+  std::partial_sort(order.begin(), order.begin() + count, order.end(),
+                    [&](std::size_t a, std::size_t b) { return cov[a] > cov[b] || (cov[a] == cov[b] && a < b); });
   for (int64_t j = 0; j < count; ++j) chosen[static_cast<std::size_t>(valid[order[static_cast<std::size_t>(j)]])] = 1;
   return chosen;
 }
 
 // kl_cov's loss, metrics and raw gradient (as policy_loss_kernel's), in double.
 template <class T, class A, class M, class G>
-PolicyLossKernelResult kl_cov_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
-                                     G* raw_grad, const char* where) {
+PolicyLossKernelResult kl_cov_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options, G* raw_grad,
+                                     const char* where) {
   const std::vector<char> chosen = kl_cov_choice(in, options);
   const auto terms = [&](int64_t row, int64_t col) {
     const int64_t i = row * in.cols + col;

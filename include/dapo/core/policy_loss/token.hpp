@@ -11,10 +11,10 @@ namespace dapo::detail {
 
 template <class V>
 struct TokenTerms {
-  V loss, grad;      // the token's loss and d loss / d logp
-  V clipped;         // 1 where the loss's trust region acted (verl's pg_clipfrac counts these)
-  V dual_clipped;    // 1 for verl's pg_clipfrac_lower: the dual clip (vanilla), the ratio cap (dppo)
-  V kl;              // the token's term of verl's ppo_kl metric (old_logp - logp, clamped as the loss clamps it)
+  V loss, grad;    // the token's loss and d loss / d logp
+  V clipped;       // 1 where the loss's trust region acted (verl's pg_clipfrac counts these)
+  V dual_clipped;  // 1 for verl's pg_clipfrac_lower: the dual clip (vanilla), the ratio cap (dppo)
+  V kl;            // the token's term of verl's ppo_kl metric (old_logp - logp, clamped as the loss clamps it)
 };
 
 template <class V>
