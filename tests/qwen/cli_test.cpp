@@ -205,6 +205,23 @@ TEST_CASE("cli: new settings: --logger, --log-rollouts, --max-shard-size, --chat
   CHECK(qwen::cli::byte_size_text(int64_t{2} << 30) == "2GiB");
 }
 
+TEST_CASE("cli: the loss family and the advantage estimators by verl's names") {
+  TrainInputs inputs;
+  Train train;
+  parse(train.app, plus(inputs.required(), {"--policy-loss", "sapo", "--tau-neg", "1.5", "--adv-estimator", "rloo",
+                                            "--loss-agg-mode", "token-sum"}));
+  const qwen::TrainOptions& o = train.command.options;
+  CHECK(o.loss.mode == dapo::PolicyLossMode::kSapo);
+  CHECK(o.loss.tau_neg == 1.5);
+  CHECK(o.adv_estimator == dapo::AdvantageEstimator::kRloo);
+  CHECK(o.loss.aggregation == dapo::LossAggregation::kTokenSum);
+  CHECK(o.to_json().at("policy_loss") == "sapo");
+  CHECK(o.to_json().at("adv_estimator") == "rloo");
+  const std::string dro = parse_error(plus(inputs.required(), {"--policy-loss", "dro"}));
+  INFO(dro);
+  CHECK(dro.find("--dro-beta is 0, expected a finite value > 0 for the dro loss") != std::string::npos);
+}
+
 TEST_CASE("cli: --algo grpo sets defaults; settings given on the command line or in --config win") {
   TrainInputs inputs;
   qwen::TrainOptions grpo;
@@ -474,6 +491,10 @@ TEST_CASE("cli: out-of-range values are refused with the flag named") {
       {{"--max-shard-size", "0"}, "--max-shard-size"},
       {{"--max-shard-size", "5XB"}, "--max-shard-size"},
       {{"--loss-agg-mode", "mean"}, "--loss-agg-mode"},
+      {{"--policy-loss", "ppo"}, "--policy-loss"},
+      {{"--policy-loss", "kl_cov"}, "--policy-loss"},
+      {{"--adv-estimator", "gae"}, "--adv-estimator"},
+      {{"--tau-neg", "0"}, "--tau-neg"},
       {{"--seed", "-1"}, "--seed"},
       {{"--logprob-chunk", "0"}, "--logprob-chunk"},
       {{"--correctness-weight", "nan"}, "--correctness-weight"},

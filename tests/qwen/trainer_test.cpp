@@ -4,6 +4,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <dapo/advantage.hpp>
+
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -14,10 +16,12 @@
 #include "qwen_gsm8k/demo/demo_problems.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/batch.hpp"
 #include "qwen_gsm8k/train/checkpoint.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 #include "qwen_gsm8k/train/update.hpp"
 #include "support/qwen_fixtures.hpp"
+#include "support/tensors.hpp"
 #include "support/tiny_model.hpp"
 
 namespace {
@@ -422,4 +426,37 @@ TEST_CASE("the first update's forward gives its mini-batch's old log-probs: bitw
   CHECK(metrics.entropy == entropy / batch.padded.loss_mask.sum().item<double>());
   CHECK(metrics.clip_fraction_by_update.at(0) == 0.0);
   CHECK(metrics.clip_fraction_by_update.at(2) > 0.0);  // the later updates are off-policy: the clip acts
+}
+
+TEST_CASE("build_train_batch: verl's estimators give one advantage per response, grpo stays group_advantages") {
+  // Two groups of three responses, scores (1, 0, 0) and (2, 2, 0), lengths 3, 1, 2 and 1, 4, 2.
+  std::vector<qwen::Group> groups(2);
+  const double scores[2][3] = {{1.0, 0.0, 0.0}, {2.0, 2.0, 0.0}};
+  const int64_t lengths[2][3] = {{3, 1, 2}, {1, 4, 2}};
+  for (int g = 0; g < 2; ++g) {
+    groups[static_cast<std::size_t>(g)].prompt = {1, 2};
+    for (int r = 0; r < 3; ++r) {
+      qwen::Response response;
+      response.ids.assign(static_cast<std::size_t>(lengths[g][r]), 7);
+      response.score.total = scores[g][r];
+      groups[static_cast<std::size_t>(g)].responses.push_back(response);
+    }
+  }
+  const auto advantages = [&](dapo::AdvantageEstimator estimator) {
+    return dapo::test::values(qwen::build_train_batch(groups, 3, 0, false, {}, estimator).advantages);
+  };
+  const auto rloo = advantages(dapo::AdvantageEstimator::kRloo);
+  const std::vector<double> rloo_expected{1.0, -0.5, -0.5, 1.0, 1.0, -2.0};  // s - mean of the group's others
+  const auto opo = advantages(dapo::AdvantageEstimator::kOpo);
+  // OPO's baseline weights scores by length: (3 * 1) / 6 = 0.5 and (1 * 2 + 4 * 2) / 7 = 10 / 7.
+  const std::vector<double> opo_expected{0.5, -0.5, -0.5, 2.0 - 10.0 / 7.0, 2.0 - 10.0 / 7.0, -10.0 / 7.0};
+  const auto grpo = advantages(dapo::AdvantageEstimator::kGrpo);
+  const auto group = dapo::test::values(
+      dapo::group_advantages(torch::tensor(std::vector<double>{1, 0, 0, 2, 2, 0}, torch::kFloat64), 3, {}));
+  for (std::size_t i = 0; i < 6; ++i) {
+    CAPTURE(i);
+    CHECK(rloo[i] == doctest::Approx(rloo_expected[i]).epsilon(1e-6));
+    CHECK(opo[i] == doctest::Approx(opo_expected[i]).epsilon(1e-6));
+    CHECK(grpo[i] == doctest::Approx(group[i]).epsilon(1e-6));
+  }
 }

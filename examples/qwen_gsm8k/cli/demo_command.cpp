@@ -88,6 +88,11 @@ void add_demo_command(CLI::App& app, DemoCommand& command) {
                          .loggers = &demo.loggers,
                          .log_rollouts = &demo.log_rollouts,
                          .quiet = &demo.quiet});
+  add_algorithm_options(*sub, {.mode = &demo.policy_loss,
+                               .tau_pos = &demo.tau_pos,
+                               .tau_neg = &demo.tau_neg,
+                               .dro_beta = &demo.dro_beta,
+                               .adv_estimator = &demo.adv_estimator});
   add_launch_options(*sub, command.launch,
                      "Start this many data-parallel ranks on this machine (Gloo on CPU, NCCL with --device cuda)");
   sub->callback([&command] { check_demo_command(command); });

@@ -187,6 +187,40 @@ void add_run_options(CLI::App& command, const RunSettings& s) {
   add_switch(command, "--quiet", *s.quiet, "No progress lines");
 }
 
+void add_algorithm_options(CLI::App& command, const AlgorithmSettings& s) {
+  std::vector<std::string> losses;
+  for (const auto& [mode, name] : dapo::kPolicyLossNames) {
+    if (mode != dapo::PolicyLossMode::kKlCov && mode != dapo::PolicyLossMode::kClipCov) losses.emplace_back(name);
+  }
+  command
+      .add_option_function<std::string>(
+          "--policy-loss,--loss-mode", [s](const std::string& name) { *s.mode = dapo::policy_loss_from_name(name); },
+          "Policy loss: " + joined(losses, ", ") +
+              " (verl actor.policy_loss.loss_mode; docs/algorithm.md has each formula; kl_cov and clip_cov choose "
+              "tokens per call and are library-only). train: the aggregation stays --loss-agg-mode's (verl uses "
+              "seq-mean-token-mean for gspo and sapo); demo: as verl's")
+      ->check(CLI::IsMember(losses))
+      ->default_function([s] { return std::string(dapo::policy_loss_name(*s.mode)); })
+      ->capture_default_str();
+  add_setting(command, "--tau-pos", *s.tau_pos, "sapo's gate temperature for A > 0 (verl actor.tau_pos)")
+      ->check(positive());
+  add_setting(command, "--tau-neg", *s.tau_neg, "sapo's gate temperature for A <= 0 (verl actor.tau_neg)")
+      ->check(positive());
+  add_setting(command, "--dro-beta", *s.dro_beta,
+              "dro's log-ratio penalty weight, required by --policy-loss dro (verl actor.policy_loss.dro_beta)")
+      ->check(non_negative());
+  std::vector<std::string> estimators;
+  for (const auto& [estimator, name] : dapo::kAdvantageEstimatorNames) estimators.emplace_back(name);
+  command
+      .add_option_function<std::string>(
+          "--adv-estimator",
+          [s](const std::string& name) { *s.adv_estimator = dapo::advantage_estimator_from_name(name); },
+          "Advantage estimator: " + joined(estimators, ", ") + " (verl algorithm.adv_estimator; grpo is DAPO's Eq. 9)")
+      ->check(CLI::IsMember(estimators))
+      ->default_function([s] { return std::string(dapo::advantage_estimator_name(*s.adv_estimator)); })
+      ->capture_default_str();
+}
+
 void add_train_options(CLI::App& command, TrainOptions& o) {
   add_setting(command, "--gen-batch-size", o.gen_batch_size,
               "Prompts per generation round (verl data.gen_batch_size); 0 = train batch size")

@@ -53,6 +53,17 @@ struct RunSettings {
 };
 void add_run_options(CLI::App& command, const RunSettings& settings);
 
+// The loss by verl's name and its options, and the advantage estimator (--policy-loss, --tau-pos, --tau-neg,
+// --dro-beta, --adv-estimator), on `demo` and `train`.
+struct AlgorithmSettings {
+  dapo::PolicyLossMode* mode = nullptr;
+  double* tau_pos = nullptr;
+  double* tau_neg = nullptr;
+  double* dro_beta = nullptr;
+  dapo::AdvantageEstimator* adv_estimator = nullptr;
+};
+void add_algorithm_options(CLI::App& command, const AlgorithmSettings& settings);
+
 // The trainer's knobs for `train` (the demo fixes most of them for its tiny model).
 void add_train_options(CLI::App& command, TrainOptions& options);
 

@@ -131,6 +131,11 @@ void add_train_command(CLI::App& app, TrainCommand& command) {
                          .log_rollouts = &o.log_rollouts,
                          .quiet = &o.quiet});
   add_train_options(*sub, o);
+  add_algorithm_options(*sub, {.mode = &o.loss.mode,
+                               .tau_pos = &o.loss.tau_pos,
+                               .tau_neg = &o.loss.tau_neg,
+                               .dro_beta = &o.loss.dro_beta,
+                               .adv_estimator = &o.adv_estimator});
   add_launch_options(*sub, command.launch,
                      "Start this many data-parallel ranks on this machine (or use torchrun-style RANK, WORLD_SIZE, "
                      "LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");

@@ -217,6 +217,12 @@ TrainOptions demo_train_options(const DemoOptions& options) {
   train.loggers = options.loggers;
   train.log_rollouts = options.log_rollouts;
   if (options.algorithm == Algorithm::kGrpo) train.use_grpo_baseline();
+  train.loss.mode = options.policy_loss;
+  train.loss.tau_pos = options.tau_pos;
+  train.loss.tau_neg = options.tau_neg;
+  train.loss.dro_beta = options.dro_beta;
+  train.loss.aggregation = dapo::verl_aggregation(options.policy_loss, train.loss.aggregation);
+  train.adv_estimator = options.adv_estimator;
   return train;
 }
 

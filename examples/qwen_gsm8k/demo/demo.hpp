@@ -53,6 +53,12 @@ struct DemoOptions {
   // As TrainOptions' (verl trainer.logger; groups per step in rollouts/step-NNNNNN.jsonl).
   std::vector<std::string> loggers = {"console", "jsonl", "tensorboard"};
   int64_t log_rollouts = 2;
+  // The loss and the advantage estimator by verl's names (--policy-loss, --adv-estimator), with the loss's options;
+  // gspo and sapo aggregate with seq-mean-token-mean as in verl (dapo::verl_aggregation), the others keep the
+  // algorithm's aggregation.
+  dapo::PolicyLossMode policy_loss = dapo::PolicyLossMode::kVanilla;
+  double tau_pos = 1.0, tau_neg = 1.05, dro_beta = 0.0;
+  dapo::AdvantageEstimator adv_estimator = dapo::AdvantageEstimator::kGrpo;
   // Polled after each warm-start update and each RL step (see Trainer::set_stop_request); once true on any rank,
   // the demo ends there: during the warm start with nothing saved, during RL with a checkpoint. Empty: never stops.
   std::function<bool()> stop_request;

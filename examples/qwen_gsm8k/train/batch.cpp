@@ -1,6 +1,8 @@
 // Padded batches and their log-probs.
 #include "qwen_gsm8k/train/batch.hpp"
 
+#include <dapo/advantage.hpp>
+#include <dapo/core/advantage_estimator.hpp>
 #include <dapo/logprob.hpp>
 
 #include <algorithm>
@@ -28,8 +30,41 @@ PaddedBatch pad_rows(const std::vector<BatchRow>& rows, int64_t pad_id) {
   return batch;
 }
 
+namespace {
+
+// One advantage per response by a verl estimator: rewards [B, L] with each score on its response's last token, the
+// responses' masks, and each group as one prompt. Outcome rewards with no discount make every estimator's value the
+// same on all of a response's tokens; the first one is taken.
+torch::Tensor estimated_advantages(const std::vector<Group>& groups, const std::vector<double>& rewards,
+                                   const dapo::AdvantageOptions& advantage, dapo::AdvantageEstimator estimator) {
+  std::vector<int64_t> lengths, index;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& response : groups[g].responses) {
+      lengths.push_back(std::max<int64_t>(static_cast<int64_t>(response.ids.size()), 1));
+      index.push_back(static_cast<int64_t>(g));
+    }
+  }
+  const auto rows = static_cast<int64_t>(lengths.size());
+  const int64_t cols = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  std::vector<double> token_rewards(static_cast<std::size_t>(rows * cols), 0.0), mask(token_rewards.size(), 0.0);
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t length = lengths[static_cast<std::size_t>(b)];
+    for (int64_t t = 0; t < length; ++t) mask[static_cast<std::size_t>(b * cols + t)] = 1.0;
+    token_rewards[static_cast<std::size_t>(b * cols + length - 1)] = rewards[static_cast<std::size_t>(b)];
+  }
+  std::vector<double> values(token_rewards.size());
+  dapo::core::estimate_advantages<double>(
+      token_rewards, mask, index, rows, cols,
+      {.estimator = estimator, .norm_adv_by_std = advantage.scale_by_std, .epsilon = advantage.epsilon}, values);
+  std::vector<double> per_row;
+  for (int64_t b = 0; b < rows; ++b) per_row.push_back(values[static_cast<std::size_t>(b * cols)]);
+  return torch::tensor(per_row, torch::kFloat64);
+}
+
+}  // namespace
+
 TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_size, int64_t pad_id, bool mask_truncated,
-                             const dapo::AdvantageOptions& advantage) {
+                             const dapo::AdvantageOptions& advantage, dapo::AdvantageEstimator estimator) {
   std::vector<BatchRow> rows;
   std::vector<double> rewards;
   for (const auto& group : groups) {
@@ -44,8 +79,10 @@ TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_siz
   batch.padded = pad_rows(rows, pad_id);
   batch.groups = static_cast<int64_t>(groups.size());
   batch.group_size = group_size;
-  batch.advantages =
-      dapo::group_advantages(torch::tensor(rewards, torch::kFloat64), group_size, advantage).to(torch::kFloat32);
+  batch.advantages = (estimator == dapo::AdvantageEstimator::kGrpo
+                          ? dapo::group_advantages(torch::tensor(rewards, torch::kFloat64), group_size, advantage)
+                          : estimated_advantages(groups, rewards, advantage, estimator))
+                         .to(torch::kFloat32);
   return batch;
 }
 

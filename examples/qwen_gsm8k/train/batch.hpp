@@ -42,8 +42,11 @@ struct TrainBatch {
 };
 
 // mask_truncated: truncated responses stay in the batch (they count in their group's advantages) but out of the loss.
+// estimator: grpo runs dapo::group_advantages with `advantage`; the others dapo::core::estimate_advantages with each
+// group as one prompt and each response's score on its last token.
 TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_size, int64_t pad_id, bool mask_truncated,
-                             const dapo::AdvantageOptions& advantage);
+                             const dapo::AdvantageOptions& advantage,
+                             dapo::AdvantageEstimator estimator = dapo::AdvantageEstimator::kGrpo);
 
 struct LogprobOptions {
   double temperature = 1.0;                   // log-probs of softmax(logits / temperature)

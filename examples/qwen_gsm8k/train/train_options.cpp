@@ -63,6 +63,10 @@ void TrainOptions::validate() const {
           "autocast must be bfloat16 or float16 (or off)");
   sampling.validate();
   dapo::check_policy_loss_options(loss, ppo_mini_batch_size * rollout_n, "train options");
+  require(loss.mode != dapo::PolicyLossMode::kKlCov && loss.mode != dapo::PolicyLossMode::kClipCov,
+          "policy loss " + std::string(dapo::policy_loss_name(loss.mode)) +
+              " is not available in the driver: it chooses tokens among one call's own, and the trainer computes "
+              "the loss per micro-batch");
 }
 
 nlohmann::json TrainOptions::to_json() const {
@@ -81,7 +85,12 @@ nlohmann::json TrainOptions::to_json() const {
           {"clip_ratio_high", loss.clip_high},
           {"clip_ratio_c", loss.dual_clip},
           {"loss_agg_mode", dapo::aggregation_name(loss.aggregation).data()},
+          {"policy_loss", dapo::policy_loss_name(loss.mode).data()},
+          {"tau_pos", loss.tau_pos},
+          {"tau_neg", loss.tau_neg},
+          {"dro_beta", loss.dro_beta},
           {"norm_adv_by_std", advantage.scale_by_std},
+          {"adv_estimator", dapo::advantage_estimator_name(adv_estimator).data()},
           {"max_new_tokens", max_new_tokens},
           {"overlong_buffer_len", rewards.overlong_cache},
           {"overlong_penalty_factor", rewards.overlong_factor},

@@ -2,8 +2,9 @@
 // named after its verl knob; validation that names the option; the JSON a checkpoint records.
 #pragma once
 
-#include <dapo/advantage.hpp>
-#include <dapo/loss.hpp>
+#include <dapo/core/advantage.hpp>
+#include <dapo/core/advantage_estimator.hpp>
+#include <dapo/core/policy_loss_options.hpp>
 
 #include <torch/types.h>
 
@@ -38,11 +39,14 @@ struct TrainOptions {
   int64_t max_num_gen_batches = 10;  // algorithm.filter_groups.max_num_gen_batches: rounds per step; 0 = unlimited
   bool dynamic_sampling = true;      // algorithm.filter_groups.enable (metric: acc)
   bool mask_truncated = false;       // overlong filtering: truncated responses out of the loss
-  dapo::PolicyLossOptions loss;      // actor.clip_ratio_low / _high / _c, actor.loss_agg_mode
+  dapo::PolicyLossOptions loss;      // actor.clip_ratio_low / _high / _c, actor.loss_agg_mode, policy_loss.loss_mode
   dapo::AdvantageOptions advantage;  // algorithm.norm_adv_by_std_in_grpo
-  RewardOptions rewards;             // reward_model.overlong_buffer.len / .penalty_factor (max_length: response_budget)
-  int64_t max_new_tokens = 512;      // data.max_response_length
-  SamplingOptions sampling;          // actor_rollout_ref.rollout.temperature / top_p / top_k (temperature 1.0)
+  // algorithm.adv_estimator: grpo is group_advantages (DAPO Eq. 9); the others dapo::core::estimate_advantages over
+  // each step's groups (outcome rewards, no discount: every estimator gives one value per response).
+  dapo::AdvantageEstimator adv_estimator = dapo::AdvantageEstimator::kGrpo;
+  RewardOptions rewards;         // reward_model.overlong_buffer.len / .penalty_factor (max_length: response_budget)
+  int64_t max_new_tokens = 512;  // data.max_response_length
+  SamplingOptions sampling;      // actor_rollout_ref.rollout.temperature / top_p / top_k (temperature 1.0)
   std::string system_prompt = kSeedSystemPrompt;
   double lr = 1e-6;           // actor.optim.lr
   double weight_decay = 0.1;  // actor.optim.weight_decay

@@ -82,7 +82,7 @@ nlohmann::json Trainer::step() {
   nlohmann::json metrics{{"step", step_ + 1}};
   const std::vector<Group> groups = collect_groups(metrics);
   TrainBatch batch = build_train_batch(groups, options_.rollout_n, rollout_options_.generation.pad_id,
-                                       options_.mask_truncated, options_.advantage);
+                                       options_.mask_truncated, options_.advantage, options_.adv_estimator);
   PolicyUpdate update{model_, *optimizer_, *communicator_, options_};
   const UpdateMetrics out = update.run(batch, updates_);
   add_batch_metrics(metrics, groups, batch, response_budget(options_).truncated_at);
