@@ -58,13 +58,26 @@ void visit_mask_dtype(torch::ScalarType dtype, const Fn& fn) {
   }
 }
 
+// clip_cov's draw as verl makes it, torch.randperm(candidates)[:count] on the CPU, from `generator` (undefined: the
+// default CPU generator, as verl's call without one).
+inline ClipCovChoice clip_cov_torch_choice(const at::Generator& generator) {
+  return [generator](int64_t candidates, int64_t count) {
+    const c10::optional<at::Generator> source =
+        generator.defined() ? c10::optional<at::Generator>(generator) : c10::nullopt;
+    const torch::Tensor order = torch::randperm(candidates, source, torch::TensorOptions().dtype(torch::kLong));
+    const auto* first = order.data_ptr<int64_t>();
+    return std::vector<int64_t>(first, first + count);
+  };
+}
+
 // Everything below whose body runs the CPU kernel: see <dapo/core/kernel_abi.hpp>.
 inline namespace DAPO_KERNEL_ABI {
 
 inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                                            const torch::Tensor& advantages, const torch::Tensor& mask,
                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad,
-                                                           const torch::Tensor& weights = {});
+                                                           const torch::Tensor& weights = {},
+                                                           const at::Generator& generator = {});
 
 // The backward of the fused loss: d loss / d logp = raw_grad * grad_scale, times the incoming gradient. An autograd
 // Node of its own, not a torch::autograd::Function: g++ 14 at -O3 reports a false -Warray-bounds inside LibTorch 2.x's
@@ -91,7 +104,8 @@ struct PolicyLossBackward : torch::autograd::Node {
 // metrics are never differentiable.
 inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                           const torch::Tensor& advantages, const torch::Tensor& mask,
-                                          const PolicyLossOptions& options, const torch::Tensor& weights = {}) {
+                                          const PolicyLossOptions& options, const torch::Tensor& weights = {},
+                                          const at::Generator& generator = {}) {
   const auto compute_type = compute_dtype(logp.scalar_type());
   const bool want_grad = torch::autograd::compute_requires_grad(logp);
   torch::Tensor raw_grad;
@@ -102,9 +116,10 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
     const torch::Tensor advantages_c = advantages.to(compute_type).contiguous();
     const torch::Tensor weights_c = weights.defined() ? weights.to(compute_type).contiguous() : weights;
     if (want_grad) raw_grad = torch::empty(logp.sizes(), logp.options().dtype(compute_type));
-    out = logp.is_cuda()
-              ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c)
-              : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c);
+    out =
+        logp.is_cuda()
+            ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c)
+            : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c, generator);
   }
   const auto scalar = [&](double value) { return torch::scalar_tensor(value, logp.options().dtype(compute_type)); };
   torch::Tensor loss = scalar(out.result.loss);
@@ -122,9 +137,10 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
 inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                                            const torch::Tensor& advantages, const torch::Tensor& mask,
                                                            const PolicyLossOptions& options, torch::Tensor& raw_grad,
-                                                           const torch::Tensor& weights) {
+                                                           const torch::Tensor& weights,
+                                                           const at::Generator& generator) {
   core::PolicyLossKernelResult out;
-  if (options.mode == PolicyLossMode::kVanilla && !weights.defined()) {
+  if (options.mode == PolicyLossMode::kVanilla && !weights.defined() && options.delta == 0.0) {
     // DAPO's own path reads every logp and mask dtype as it is.
     visit_floating_dtype(logp.scalar_type(), "dapo::policy_loss", [&](auto compute_tag, auto logp_tag) {
       using C = decltype(compute_tag);
@@ -141,8 +157,8 @@ inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& 
     });
     return out;
   }
-  // The other losses, and vanilla with weights, read everything in the compute dtype (one conversion pass where the
-  // inputs differ), which keeps their kernels to two instantiations (float and double).
+  // The other losses, and vanilla with weights or the two-sided clip, read everything in the compute dtype (one
+  // conversion pass where the inputs differ), which keeps their kernels to two instantiations (float and double).
   const auto compute_type = compute_dtype(logp.scalar_type());
   const auto as_compute = [&](const torch::Tensor& t) { return t.to(compute_type).contiguous(); };
   const torch::Tensor logp_c = as_compute(logp), old_logp_c = as_compute(old_logp), mask_c = as_compute(mask);
@@ -157,7 +173,7 @@ inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& 
                                                  advantages.dim() == 2,
                                                  weights.defined() ? weights.data_ptr<C>() : nullptr};
     out = core::any_policy_loss_kernel<C>(inputs, options, raw_grad.defined() ? raw_grad.data_ptr<C>() : nullptr,
-                                          "dapo::policy_loss", AtenParallelFor{});
+                                          "dapo::policy_loss", AtenParallelFor{}, clip_cov_torch_choice(generator));
   });
   return out;
 }
@@ -171,24 +187,24 @@ inline namespace DAPO_KERNEL_ABI {  // see <dapo/core/kernel_abi.hpp>
 // With no masked token the loss and metrics are 0 (group-token-mean instead requires a token in every group).
 // bfloat16 and float16 inputs are computed in float32; the loss and metrics are float32 then.
 // weights: [B, T] per-token weights of the loss (verl's rollout_is_weights: each token's loss is multiplied by its
-// weight; the metrics are not), or undefined. Every loss of PolicyLossOptions::mode but clip_cov, by verl's names.
-// On CUDA the fused kernel computes the token-level losses; geo_mean and kl_cov run the composite there.
+// weight; the metrics are not), or undefined. Every loss of PolicyLossOptions::mode, by verl's names; clip_cov draws
+// its tokens as verl does, torch::randperm on the CPU from `generator` (undefined: the default CPU generator).
+// On CUDA the fused kernel computes the token-level losses; geo_mean, kl_cov and clip_cov run the composite there.
 inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                     const torch::Tensor& advantages, const torch::Tensor& mask,
-                                    const PolicyLossOptions& options, const torch::Tensor& weights) {
+                                    const PolicyLossOptions& options, const torch::Tensor& weights,
+                                    const at::Generator& generator = {}) {
   constexpr const char* kWhere = "dapo::policy_loss";
   detail::check_policy_loss_inputs(logp, old_logp, advantages, mask, options, kWhere, weights);
-  DAPO_REQUIRE(options.mode != PolicyLossMode::kClipCov, kWhere,
-               "the clip_cov loss draws tokens at random and is not implemented yet");
   const bool cuda_fused =
       logp.is_cuda() && detail::cuda_policy_loss_kernel() != nullptr && is_token_level(options.mode);
   const bool fused = logp.device().is_cpu() || cuda_fused;
   if (!fused) {
     detail::check_policy_loss_data(mask, options, kWhere);
-    return detail::composite_policy_loss(logp, old_logp, advantages, mask, options, weights);
+    return detail::composite_policy_loss(logp, old_logp, advantages, mask, options, weights, generator);
   }
   return detail::fused_policy_loss(logp, old_logp.detach(), advantages.detach(), mask, options,
-                                   weights.defined() ? weights.detach() : weights);
+                                   weights.defined() ? weights.detach() : weights, generator);
 }
 
 // Without per-token weights.

@@ -3,6 +3,7 @@
 // and the option errors that name the option.
 #include <dapo/core/loss.hpp>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,7 +122,7 @@ TEST_CASE("the family's options are checked, each error naming the option and th
                        doctest::Contains("clip_low is 1.5, expected a value in [0, 1]"), std::invalid_argument);
   CHECK(loss({.clip_low = 1.5, .mode = M::kGeoMean}) == doctest::Approx(-1.0));  // a log-ratio bound: any >= 0
   CHECK_THROWS_WITH_AS(loss({.mode = M::kClipCov}),
-                       doctest::Contains("the clip_cov loss draws tokens at random and is not implemented yet"),
+                       doctest::Contains("the clip_cov loss draws tokens at random: pass a choice"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(loss({.mode = M::kGpg, .count_epsilon = -1.0}),
                        doctest::Contains("count_epsilon is -1, expected a value in [0, 1)"), std::invalid_argument);
@@ -146,4 +147,82 @@ TEST_CASE("token-sum: the plain masked sum, and every loss's value at ratio 1 is
   CHECK(sum(M::kCispo) == doctest::Approx(-(2.0 * -0.5 + 2.0 * -1.5 - 1.0 * -2.0)));
   CHECK(sum(M::kGpg) == doctest::Approx(-(2.0 * -0.5 + 2.0 * -1.5 - 1.0 * -2.0)));
   CHECK(sum(M::kDro) == doctest::Approx(-(2.0 * -0.5 + 2.0 * -1.5 - 1.0 * -2.0)));
+}
+
+TEST_CASE("TRL's two-sided clip delta: the unclipped ratio capped at delta, flat above it; every SIMD width agrees") {
+  // One token, ratio 3, A = -1, clip 0.2 / 0.28, delta 2: -A * min(3, 2) = 2 beats -A * 1.28, and is flat in logp.
+  const std::vector<double> logp{std::log(3.0)}, old_logp{0.0}, advantages{-1.0}, mask{1.0};
+  std::vector<double> grad(1);
+  const dapo::PolicyLossOptions two_sided{.delta = 2.0};
+  CHECK(dapo::core::policy_loss<double>(logp, old_logp, advantages, mask, 1, 1, two_sided, grad).loss ==
+        doctest::Approx(2.0));
+  CHECK(grad[0] == 0.0);
+  CHECK(dapo::core::policy_loss<double>(logp, old_logp, advantages, mask, 1, 1, {}, grad).loss == doctest::Approx(3.0));
+  CHECK(grad[0] == doctest::Approx(3.0));  // -A * ratio without delta
+  CHECK_THROWS_WITH_AS(dapo::core::policy_loss<double>(logp, old_logp, advantages, mask, 1, 1, {.delta = 1.25}),
+                       doctest::Contains("delta is 1.25, expected 0 (off) or a finite value > 1 + clip_high = 1.28"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::core::policy_loss<double>(logp, old_logp, advantages, mask, 1, 1,
+                                                       {.mode = dapo::PolicyLossMode::kCispo, .delta = 2.0}),
+                       doctest::Contains("the two-sided clip is vanilla's"), std::invalid_argument);
+  std::mt19937_64 rng(17);
+  std::vector<int> widths{1};
+  for (const int lanes : {4, 8, 16}) {
+    if (lanes <= dapo::simd::widest_float_lanes()) widths.push_back(lanes);
+  }
+  for (const double dual_clip : {0.0, 3.0}) {
+    const dapo::PolicyLossOptions options{.dual_clip = dual_clip, .delta = 1.5};
+    auto c = dapo::test::random_loss_case(rng, 6, 37, false, options);
+    for (std::size_t i = 0; i < c.logp.size(); i += 5) c.logp[i] = c.old_logp[i] + 0.9;  // ratios past delta
+    std::vector<double> expected_grad(c.logp.size());
+    const auto expected = dapo::core::policy_loss<double>(c.logp, c.old_logp, c.advantages, c.mask, c.rows, c.cols,
+                                                          options, expected_grad);
+    const auto logp = as<float>(c.logp), old_logp = as<float>(c.old_logp), advantages = as<float>(c.advantages),
+               mask = as<float>(c.mask);
+    for (const int lanes : widths) {
+      CAPTURE(dual_clip);
+      CAPTURE(lanes);
+      std::vector<float> grad_f(c.logp.size());
+      const dapo::core::PolicyLossInputs<float, float, float> inputs{
+          logp.data(), old_logp.data(), advantages.data(), mask.data(), c.rows, c.cols, false};
+      const auto out =
+          dapo::core::policy_loss_kernel<float>(inputs, options, grad_f.data(), "test", dapo::core::SerialFor{}, lanes);
+      CHECK(dapo::test::close(out.result.loss, expected.loss, 1e-5, 1e-6));
+      for (std::size_t i = 0; i < grad_f.size(); ++i) {
+        CHECK(dapo::test::close(grad_f[i] * out.grad_scale, expected_grad[i], 1e-5, 1e-6));
+      }
+    }
+  }
+}
+
+TEST_CASE("clip_cov: the candidates by covariance, the caller's draw among them, their loss and gradient 0") {
+  // One row, ratio 1 everywhere (nothing clipped). Means: A 0.375, logp -1.625; cov = 1.64, 1.27, 0.14, -0.86, so
+  // tokens 0 and 1 lie in (1, 5).
+  const std::vector<double> logp{-1.0, -2.0, -0.5, -3.0}, advantages{3.0, -3.0, 0.5, 1.0}, mask{1, 1, 1, 1};
+  std::vector<int64_t> asked;
+  const dapo::ClipCovChoice first = [&](int64_t candidates, int64_t count) {
+    asked = {candidates, count};
+    std::vector<int64_t> picks;
+    for (int64_t i = 0; i < count; ++i) picks.push_back(i);
+    return picks;
+  };
+  std::vector<double> grad(4);
+  const dapo::PolicyLossOptions both{.mode = dapo::PolicyLossMode::kClipCov, .clip_cov_ratio = 0.5};
+  auto out = dapo::core::policy_loss<double>(logp, logp, advantages, mask, 1, 4, both, grad, {}, first);
+  CHECK(asked == std::vector<int64_t>{2, 2});
+  CHECK(out.loss == doctest::Approx((-0.5 - 1.0) / 4));
+  CHECK(out.clip_fraction == doctest::Approx(0.5));
+  CHECK(grad == std::vector<double>{0.0, 0.0, -0.5 / 4, -1.0 / 4});
+  const dapo::PolicyLossOptions one{.mode = dapo::PolicyLossMode::kClipCov, .clip_cov_ratio = 0.25};
+  out = dapo::core::policy_loss<double>(logp, logp, advantages, mask, 1, 4, one, grad, {}, first);
+  CHECK(asked == std::vector<int64_t>{2, 1});
+  CHECK(out.loss == doctest::Approx((3.0 - 0.5 - 1.0) / 4));
+  // Any standard generator draws distinct candidates.
+  std::mt19937_64 rng(4);
+  out = dapo::core::policy_loss<double>(logp, logp, advantages, mask, 1, 4, both, grad, {}, dapo::clip_cov_choice(rng));
+  CHECK(out.clip_fraction == doctest::Approx(0.5));
+  const dapo::ClipCovChoice bad = [](int64_t, int64_t) { return std::vector<int64_t>{7, 0}; };
+  CHECK_THROWS_WITH_AS(dapo::core::policy_loss<double>(logp, logp, advantages, mask, 1, 4, both, grad, {}, bad),
+                       doctest::Contains("the clip_cov choice gave 7, expected an index below 2"),
+                       std::invalid_argument);
 }

@@ -1,6 +1,7 @@
 // Every policy_loss case of verl_zoo.json through the tensor API: the fused CPU kernel and the composite reference,
 // in float64 (1e-10 relative) and float32 (1e-5), loss, verl's metrics and the autograd gradient of log_prob, with
 // rollout IS weights where the case has them.
+#include <ATen/CPUGeneratorImpl.h>
 #include <dapo/loss.hpp>
 #include <dapo/reference/loss.hpp>
 
@@ -76,11 +77,66 @@ TEST_CASE("torch policy_loss, fused and reference, matches every policy_loss cas
   MESSAGE("checked (fused and reference, float64 and float32): " << dapo::test::count_message(checked));
 }
 
-TEST_CASE("torch policy_loss refuses weights of another shape and clip_cov, naming them") {
+TEST_CASE("torch policy_loss refuses weights of another shape, naming them") {
   const auto logp = torch::zeros({2, 3}, torch::kFloat64), advantages = torch::ones({2}, torch::kFloat64);
   const auto mask = torch::ones({2, 3}, torch::kFloat64);
   CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, advantages, mask, {}, torch::ones({2, 2}, torch::kFloat64)),
                        doctest::Contains("weights has shape [2, 2] but logp has [2, 3]"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(dapo::policy_loss(logp, logp, advantages, mask, {.mode = dapo::PolicyLossMode::kClipCov}),
-                       doctest::Contains("clip_cov loss draws tokens at random"), std::invalid_argument);
+}
+
+TEST_CASE("torch policy_loss with TRL's delta: fused equals the composite, float64 and float32") {
+  torch::manual_seed(3);
+  const auto old_logp = -torch::rand({8, 33}, torch::kFloat64) * 3.0;
+  const auto logp0 = old_logp + torch::randn({8, 33}, torch::kFloat64) * 0.6;
+  const auto advantages = torch::randn({8}, torch::kFloat64);
+  const auto mask = torch::rand({8, 33}, torch::kFloat64) < 0.8;
+  for (const auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    for (const double dual_clip : {0.0, 3.0}) {
+      CAPTURE(dtype);
+      CAPTURE(dual_clip);
+      const dapo::PolicyLossOptions options{.dual_clip = dual_clip, .delta = 1.6};
+      std::vector<double> losses, grads[2];
+      for (const bool fused : {true, false}) {
+        auto logp = logp0.to(dtype).detach().requires_grad_(true);
+        const auto out =
+            fused ? dapo::policy_loss(logp, old_logp.to(dtype), advantages.to(dtype), mask, options)
+                  : dapo::reference::policy_loss(logp, old_logp.to(dtype), advantages.to(dtype), mask, options);
+        out.loss.backward();
+        losses.push_back(out.loss.item<double>());
+        grads[fused ? 0 : 1] = dapo::test::values(logp.grad());
+      }
+      const double relative = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+      CHECK(dapo::test::close(losses[0], losses[1], relative, 1e-7));
+      for (std::size_t i = 0; i < grads[0].size(); ++i)
+        CHECK(dapo::test::close(grads[0][i], grads[1][i], relative, 1e-7));
+    }
+  }
+}
+
+TEST_CASE("torch clip_cov: fused and composite draw the same tokens from generators in the same state") {
+  torch::manual_seed(11);
+  const auto old_logp = -torch::rand({6, 40}, torch::kFloat64) * 3.0;
+  const auto logp0 = old_logp + torch::randn({6, 40}, torch::kFloat64) * 0.1;
+  const auto advantages = torch::randn({6, 40}, torch::kFloat64) * 3.0;
+  const auto mask = torch::rand({6, 40}, torch::kFloat64) < 0.9;
+  const dapo::PolicyLossOptions options{.mode = dapo::PolicyLossMode::kClipCov,
+                                        .clip_cov_ratio = 0.05,
+                                        .clip_cov_lb = 0.2,
+                                        .clip_cov_ub = 5.0,
+                                        .count_epsilon = dapo::kVerlCountEpsilon};
+  std::vector<double> losses, fractions, grads[2];
+  for (const bool fused : {true, false}) {
+    auto generator = at::detail::createCPUGenerator(1234);
+    auto logp = logp0.detach().requires_grad_(true);
+    const auto out = fused ? dapo::policy_loss(logp, old_logp, advantages, mask, options, {}, generator)
+                           : dapo::reference::policy_loss(logp, old_logp, advantages, mask, options, {}, generator);
+    out.loss.backward();
+    losses.push_back(out.loss.item<double>());
+    fractions.push_back(out.clip_fraction.item<double>());
+    grads[fused ? 0 : 1] = dapo::test::values(logp.grad());
+  }
+  CHECK(fractions[0] > 0.0);  // some tokens were chosen
+  CHECK(fractions[0] == doctest::Approx(fractions[1]).epsilon(1e-12));
+  CHECK(dapo::test::close(losses[0], losses[1], 1e-12, 1e-14));
+  for (std::size_t i = 0; i < grads[0].size(); ++i) CHECK(dapo::test::close(grads[0][i], grads[1][i], 1e-12, 1e-14));
 }

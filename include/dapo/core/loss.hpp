@@ -6,8 +6,8 @@
 //   logp, old_logp, mask [B, T]; advantages [B] (one per response, broadcast over tokens) or [B, T];
 //   weights [B, T] (verl's rollout_is_weights: each token's loss is multiplied by its weight) or none.
 //
-// The token-level losses run in one fused pass (<dapo/core/policy_loss/kernel.hpp>); geo_mean (a loss per row) and
-// kl_cov (which chooses tokens by a statistic of the whole call) have kernels of their own beside it.
+// The token-level losses run in one fused pass (<dapo/core/policy_loss/kernel.hpp>); geo_mean (a loss per row),
+// kl_cov and clip_cov (which choose tokens by a statistic of the whole call) have kernels of their own beside it.
 #pragma once
 
 #include <concepts>
@@ -15,6 +15,7 @@
 #include <span>
 
 #include "dapo/core/error.hpp"
+#include "dapo/core/policy_loss/clip_cov.hpp"
 #include "dapo/core/policy_loss/geo_mean.hpp"
 #include "dapo/core/policy_loss/kernel.hpp"
 #include "dapo/core/policy_loss/kl_cov.hpp"
@@ -31,31 +32,33 @@ using dapo::check_policy_loss_options;
 namespace core {
 inline namespace DAPO_KERNEL_ABI {  // the CPU kernel: see kernel_abi.hpp
 
-// Any loss on its kernel: the fused pass for the token-level ones, geo_mean's and kl_cov's own otherwise. clip_cov
-// (which draws its tokens at random) is not implemented yet.
+// Any loss on its kernel: the fused pass for the token-level ones, geo_mean's, kl_cov's and clip_cov's own otherwise
+// (clip_cov draws its tokens with `choose`).
 template <class C, class T, class A, class M, class G, class ParallelFor = SerialFor>
 PolicyLossKernelResult any_policy_loss_kernel(const PolicyLossInputs<T, A, M>& in, const PolicyLossOptions& options,
-                                              G* raw_grad, const char* where, const ParallelFor& parallel = {}) {
+                                              G* raw_grad, const char* where, const ParallelFor& parallel = {},
+                                              const ClipCovChoice& choose = {}) {
   switch (options.mode) {
     case PolicyLossMode::kGeoMean:
       return geo_mean_kernel(in, options, raw_grad, where);
     case PolicyLossMode::kKlCov:
       return kl_cov_kernel(in, options, raw_grad, where);
     case PolicyLossMode::kClipCov:
-      DAPO_REQUIRE(false, where, "the clip_cov loss draws tokens at random and is not implemented yet");
-      return {};
+      return clip_cov_kernel(in, options, raw_grad, where, choose);
     default:
       return policy_loss_kernel<C>(in, options, raw_grad, where, parallel);
   }
 }
 
-// logp, old_logp, mask [B, T]; advantages [B] or [B, T]; grad_logp [B, T] or empty (then no gradient is written).
+// logp, old_logp, mask [B, T]; advantages [B] or [B, T]; grad_logp [B, T] or empty (then no gradient is written);
+// weights [B, T] or empty; choose: clip_cov's random draw (dapo::clip_cov_choice(generator)), required by clip_cov.
 // Computes in T (float or double), sums in double. With no masked token at all the loss, the metrics and the gradient
 // are 0, except under kGroupTokenMean, where every group must hold a token (an empty group has no mean).
 template <std::floating_point T>
 PolicyLossResult policy_loss(std::span<const T> logp, std::span<const T> old_logp, std::span<const T> advantages,
                              std::span<const T> mask, int64_t rows, int64_t cols, const PolicyLossOptions& options = {},
-                             std::span<T> grad_logp = {}, std::span<const T> weights = {}) {
+                             std::span<T> grad_logp = {}, std::span<const T> weights = {},
+                             const ClipCovChoice& choose = {}) {
   constexpr const char* kWhere = "dapo::core::policy_loss";
   DAPO_REQUIRE(rows >= 0 && cols >= 0, kWhere, "shape [", rows, ", ", cols, "] has a negative extent");
   const auto size = static_cast<std::size_t>(rows * cols);
@@ -80,7 +83,7 @@ PolicyLossResult policy_loss(std::span<const T> logp, std::span<const T> old_log
                                          advantages.size() == size && cols != 1,
                                          weights.empty() ? nullptr : weights.data()};
   T* grad = grad_logp.empty() ? nullptr : grad_logp.data();
-  const auto out = any_policy_loss_kernel<T>(inputs, options, grad, kWhere);
+  const auto out = any_policy_loss_kernel<T>(inputs, options, grad, kWhere, SerialFor{}, choose);
   detail::scale_rows(grad, 0, rows, cols, out.grad_scale);
   return out.result;
 }

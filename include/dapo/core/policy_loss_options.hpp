@@ -26,7 +26,8 @@ enum class LossAggregation {
 
 // The policy-gradient losses by verl's registry names (verl core_algos.py, @register_policy_loss). Per token, with
 // r = logp - old_logp, ratio = exp(clamp(r, -20, 20)), A the advantage (see docs/algorithm.md for the table):
-//   vanilla   PPO/DAPO: max(-A ratio, -A clamp(ratio, 1 - clip_low, 1 + clip_high)), capped at -A dual_clip for A < 0
+//   vanilla   PPO/DAPO: max(-A ratio, -A clamp(ratio, 1 - clip_low, 1 + clip_high)), capped at -A dual_clip for A < 0;
+//             with delta > 0 (TRL's two-sided clip) the first term's ratio is min(ratio, delta)
 //   gspo      vanilla's clip on the row's ratio exp(min(mean_t r, 10)) (GSPO, sequence-level importance ratio)
 //   sapo      -A * sigmoid(tau (ratio - 1)) * 4 / tau, tau = tau_pos where A > 0 else tau_neg (soft gate, SAPO)
 //   cispo     -sg[clamp(ratio, 1 - clip_low, 1 + clip_high)] * A * logp (clipped IS weight, REINFORCE, MiniMax-M1)
@@ -68,6 +69,7 @@ struct PolicyLossOptions {
   double clip_cov_ratio = 0.0002;        // clip_cov: share of the tokens detached
   double clip_cov_lb = 1.0, clip_cov_ub = 5.0;  // clip_cov: the covariance band a detached token comes from
   double count_epsilon = 0.0;                   // added to every count a mean divides by (kVerlCountEpsilon: verl's)
+  double delta = 0.0;  // vanilla: TRL's two-sided clip, the unclipped ratio capped at delta (> 1 + clip_high); 0: off
 };
 
 // verl's loss_agg_mode names.
@@ -201,6 +203,11 @@ inline void check_policy_loss_options(const PolicyLossOptions& options, int64_t 
                where, "clip_cov_ratio is ", options.clip_cov_ratio, ", expected a value in (0, 1]");
   DAPO_REQUIRE(std::isfinite(options.clip_cov_lb) && std::isfinite(options.clip_cov_ub), where, "clip_cov_lb is ",
                options.clip_cov_lb, " and clip_cov_ub ", options.clip_cov_ub, ", expected finite values");
+  DAPO_REQUIRE(options.delta == 0.0 || (std::isfinite(options.delta) && options.delta > 1.0 + options.clip_high), where,
+               "delta is ", options.delta,
+               ", expected 0 (off) or a finite value > 1 + clip_high = ", 1.0 + options.clip_high);
+  DAPO_REQUIRE(options.delta == 0.0 || loss == PolicyLossMode::kVanilla, where, "delta is ", options.delta,
+               " but the loss is ", loss_name, "; the two-sided clip is vanilla's (set 0)");
   DAPO_REQUIRE(options.count_epsilon >= 0.0 && options.count_epsilon < 1.0, where, "count_epsilon is ",
                options.count_epsilon, ", expected a value in [0, 1) (verl's is 1e-8)");
 

@@ -137,7 +137,9 @@ cudaError_t launch_impl(const core::PolicyLossInputs<T, A, M>& in, const PolicyL
                         UnitSums* partials, cudaStream_t stream) {
   const int64_t units = policy_loss_units(in.rows, options);
   if (!cuda_computes(options)) return cudaErrorInvalidValue;
-  if (!kFamily && (options.mode != PolicyLossMode::kVanilla || in.weights != nullptr)) return cudaErrorInvalidValue;
+  if (!kFamily && (options.mode != PolicyLossMode::kVanilla || in.weights != nullptr || options.delta > 0.0)) {
+    return cudaErrorInvalidValue;
+  }
   if (units == 0) return cudaSuccess;
   const int64_t unit_rows = options.aggregation == LossAggregation::kGroupTokenMean ? options.group_size : 1;
   const bool per_row_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean;
@@ -156,7 +158,13 @@ cudaError_t launch_impl(const core::PolicyLossInputs<T, A, M>& in, const PolicyL
   }
   switch (options.mode) {
     case PolicyLossMode::kVanilla:
-      if (options.dual_clip > 0.0) {
+      if (options.delta > 0.0) {
+        if (options.dual_clip > 0.0) {
+          launch(token::VanillaToken<true, true>{});
+        } else {
+          launch(token::VanillaToken<false, true>{});
+        }
+      } else if (options.dual_clip > 0.0) {
         launch(token::VanillaToken<true>{});
       } else {
         launch(token::VanillaToken<false>{});

@@ -31,7 +31,7 @@ inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor&
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(logp.device().index());
   cudaError_t status = cudaSuccess;
   UnitSums* unit_sums = reinterpret_cast<UnitSums*>(partials.data_ptr<double>());
-  if (options.mode == PolicyLossMode::kVanilla && !weights.defined()) {
+  if (options.mode == PolicyLossMode::kVanilla && !weights.defined() && options.delta == 0.0) {
     // DAPO's own path reads every logp and mask dtype as it is.
     dapo::detail::visit_floating_dtype(logp.scalar_type(), kWhere, [&](auto compute_tag, auto storage_tag) {
       using C = decltype(compute_tag);
@@ -46,7 +46,8 @@ inline core::PolicyLossKernelResult policy_loss_kernel_cuda(const torch::Tensor&
       });
     });
   } else {
-    // The other token-level losses, and vanilla with weights, in the compute dtype (as on the CPU).
+    // The other token-level losses, and vanilla with weights or the two-sided clip, in the compute dtype (as on the
+    // CPU).
     const auto compute_type = dapo::detail::compute_dtype(logp.scalar_type());
     const auto as_compute = [&](const torch::Tensor& t) { return t.to(compute_type).contiguous(); };
     const torch::Tensor logp_c = as_compute(logp), old_logp_c = as_compute(old_logp), mask_c = as_compute(mask);

@@ -1,7 +1,7 @@
 // The policy loss as a plain chain of LibTorch ops that autograd differentiates: the reference the fused
 // dapo::policy_loss is tested and benchmarked against, and the path for devices without a fused kernel.
 // Same formulas, options and errors as <dapo/loss.hpp>; see <dapo/core/policy_loss/*.hpp> for the math of each loss.
-// clip_cov is not here (its random choice is the fused front end's, from the caller's generator).
+// clip_cov draws with torch::randperm on the CPU, from the generator given (as verl does, and as the fused front end).
 //
 // Shapes: B = responses, T = response tokens. logp, old_logp, mask [B, T]; advantages [B] or [B, T].
 #pragma once
@@ -25,7 +25,7 @@ struct CompositeTerms {
 
 inline CompositeTerms composite_terms(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                       const torch::Tensor& advantage, const torch::Tensor& mask,
-                                      const PolicyLossOptions& options) {
+                                      const PolicyLossOptions& options, const at::Generator& generator) {
   const torch::Tensor raw_log_ratio = logp - old_logp;
   const torch::Tensor log_ratio = raw_log_ratio.clamp(-20.0, 20.0);
   const torch::Tensor ratio = log_ratio.exp();
@@ -33,7 +33,7 @@ inline CompositeTerms composite_terms(const torch::Tensor& logp, const torch::Te
   const torch::Tensor no = torch::zeros_like(logp, logp.options().dtype(torch::kBool));
   switch (options.mode) {
     case PolicyLossMode::kVanilla: {
-      const torch::Tensor unclipped = -advantage * ratio;
+      const torch::Tensor unclipped = -advantage * (options.delta > 0.0 ? ratio.clamp_max(options.delta) : ratio);
       const torch::Tensor clipped = -advantage * ratio.clamp(low, high);
       torch::Tensor per_token = torch::maximum(unclipped, clipped);  // [B, T]
       const torch::Tensor clip_flags = clipped > unclipped;
@@ -106,6 +106,34 @@ inline CompositeTerms composite_terms(const torch::Tensor& logp, const torch::Te
       }
       return {pg, no, no, raw_log_ratio.abs()};
     }
+    case PolicyLossMode::kClipCov: {
+      const torch::Tensor full_advantage = advantage.expand_as(logp);
+      const torch::Tensor raw_ratio = raw_log_ratio.exp();
+      const torch::Tensor unclipped = -full_advantage * raw_ratio;
+      const torch::Tensor clipped = -full_advantage * raw_ratio.clamp(low, high);
+      const torch::Tensor by_origin = (clipped > unclipped) & (mask > 0);
+      const torch::Tensor count = mask.sum() + options.count_epsilon;
+      const torch::Tensor cov = ((full_advantage - (full_advantage * mask).sum() / count) *
+                                 (logp.detach() - (logp.detach() * mask).sum() / count))
+                                    .masked_fill(mask == 0, -INFINITY)
+                                    .masked_fill(by_origin, -INFINITY);
+      const torch::Tensor candidates =
+          ((cov < options.clip_cov_ub) & (cov > options.clip_cov_lb) & (mask > 0)).reshape(-1).nonzero().reshape(-1);
+      torch::Tensor keep = torch::ones({logp.numel()}, logp.options().dtype(logp.scalar_type()));
+      if (candidates.numel() > 0) {
+        const auto clip_num =
+            std::max<int64_t>(static_cast<int64_t>(options.clip_cov_ratio * mask.sum().item<double>()), 1);
+        const c10::optional<at::Generator> source =
+            generator.defined() ? c10::optional<at::Generator>(generator) : c10::nullopt;
+        const torch::Tensor order =
+            torch::randperm(candidates.numel(), source, torch::TensorOptions().dtype(torch::kLong));
+        const torch::Tensor chosen =
+            candidates.index_select(0, order.narrow(0, 0, std::min(clip_num, candidates.numel())).to(logp.device()));
+        keep = keep.index_fill(0, chosen, 0.0);
+      }
+      keep = keep.reshape(logp.sizes());
+      return {torch::maximum(unclipped, clipped) * keep, keep == 0, no, -raw_log_ratio};
+    }
     default:
       DAPO_REQUIRE(false, "dapo::reference::policy_loss", "the ", policy_loss_name(options.mode),
                    " loss has no composite here");
@@ -143,8 +171,8 @@ inline PolicyLossOutput composite_geo_mean(const torch::Tensor& logp, const torc
 // The loss and its aggregation as a chain of tensor ops (autograd differentiates it). weights: [B, T] or undefined.
 inline PolicyLossOutput composite_policy_loss(const torch::Tensor& logp_in, const torch::Tensor& old_logp_in,
                                               const torch::Tensor& advantages, const torch::Tensor& mask,
-                                              const PolicyLossOptions& options,
-                                              const torch::Tensor& loss_weights = {}) {
+                                              const PolicyLossOptions& options, const torch::Tensor& loss_weights = {},
+                                              const at::Generator& generator = {}) {
   // bfloat16 / float16 inputs are computed in float32: token counts and sums need more than 8 or 11 mantissa bits.
   const bool reduced = logp_in.scalar_type() == torch::kBFloat16 || logp_in.scalar_type() == torch::kHalf;
   const auto compute_type = reduced ? torch::kFloat32 : logp_in.scalar_type();
@@ -156,7 +184,7 @@ inline PolicyLossOutput composite_policy_loss(const torch::Tensor& logp_in, cons
   if (options.mode == PolicyLossMode::kGeoMean) {
     return composite_geo_mean(logp, old_logp, advantage, weights, token_weights, options);
   }
-  const CompositeTerms terms = composite_terms(logp, old_logp, advantage, weights, options);
+  const CompositeTerms terms = composite_terms(logp, old_logp, advantage, weights, options, generator);
   torch::Tensor per_token = terms.pg;
   if (token_weights.defined()) per_token = per_token * token_weights;
   const torch::Tensor& clip_flags = terms.clipped;
@@ -222,11 +250,12 @@ namespace reference {
 // weights: [B, T] per-token weights of the loss (verl's rollout_is_weights), or undefined.
 inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
                                     const torch::Tensor& advantages, const torch::Tensor& mask,
-                                    const PolicyLossOptions& options, const torch::Tensor& weights) {
+                                    const PolicyLossOptions& options, const torch::Tensor& weights,
+                                    const at::Generator& generator = {}) {
   constexpr const char* kWhere = "dapo::reference::policy_loss";
   detail::check_policy_loss_inputs(logp, old_logp, advantages, mask, options, kWhere, weights);
   detail::check_policy_loss_data(mask, options, kWhere);
-  return detail::composite_policy_loss(logp, old_logp, advantages, mask, options, weights);
+  return detail::composite_policy_loss(logp, old_logp, advantages, mask, options, weights, generator);
 }
 
 // Without per-token weights.

@@ -173,7 +173,8 @@ template <class Math>
 DAPO_INLINE dapo::detail::TokenParams<typename Math::Value> token_params(const PolicyLossOptions& o) {
   return {Math::splat(1.0 - o.clip_low), Math::splat(1.0 + o.clip_high), Math::splat(o.clip_low),
           Math::splat(o.clip_high),      Math::splat(o.dual_clip),       Math::splat(o.ratio_cap),
-          Math::splat(o.tau_pos),        Math::splat(o.tau_neg),         Math::splat(o.dro_beta)};
+          Math::splat(o.tau_pos),        Math::splat(o.tau_neg),         Math::splat(o.dro_beta),
+          Math::splat(o.delta)};
 }
 
 // gspo's sequence-level log-ratio of one row: sum_t mask * (logp - old_logp) / max(tokens, 1), in double.
@@ -256,6 +257,16 @@ struct LossRowKernel {
     using dapo::detail::VanillaToken;
     switch (options.mode) {
       case PolicyLossMode::kVanilla:
+        if constexpr (kBuffered) {  // the two-sided clip runs buffered (see policy_loss_kernel_impl)
+          if (options.delta > 0.0) {
+            if (options.dual_clip > 0.0) {
+              return loss_row_of<Math, VanillaToken<true, true>, true, true>(row, cols, row_advantage, options,
+                                                                             grad_row, sums, bad_col);
+            }
+            return loss_row_of<Math, VanillaToken<false, true>, true, true>(row, cols, row_advantage, options, grad_row,
+                                                                            sums, bad_col);
+          }
+        }
         if (options.dual_clip > 0.0) {
           return loss_row_of<Math, VanillaToken<true>, kPerTokenAdvantage, kBuffered>(row, cols, row_advantage, options,
                                                                                       grad_row, sums, bad_col);
@@ -408,10 +419,10 @@ core::PolicyLossKernelResult policy_loss_kernel_impl(const core::PolicyLossInput
   const bool per_row_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean;
   // DAPO's own path reads a [B] advantage per row and no weights; every other loss, and vanilla with weights, reads
   // both per token from row buffers when they are not [B, T] already.
-  const bool buffered = options.mode != PolicyLossMode::kVanilla || in.weights != nullptr;
-  DAPO_REQUIRE(kFamily || !buffered, where, "vanilla_policy_loss_kernel computes vanilla without weights; the ",
-               policy_loss_name(options.mode), " loss", in.weights != nullptr ? " with weights" : "",
-               " needs policy_loss_kernel");
+  const bool buffered = options.mode != PolicyLossMode::kVanilla || in.weights != nullptr || options.delta > 0.0;
+  DAPO_REQUIRE(kFamily || !buffered, where,
+               "vanilla_policy_loss_kernel computes vanilla without weights or delta; this call needs "
+               "policy_loss_kernel");
 
   parallel(num_blocks, [&](int64_t first_block, int64_t last_block) {
     std::vector<A> advantage_row, ones;

@@ -29,6 +29,7 @@ struct TokenParams {
   V low, high;            // the ratio's clip interval [1 - clip_low, 1 + clip_high]
   V clip_low, clip_high;  // as given: dppo's divergence bounds
   V dual_clip, ratio_cap, tau_pos, tau_neg, dro_beta;
+  V delta;  // vanilla's two-sided clip (TRL); 0: off
 };
 
 // exp(clamp(x, -20, 20)), the ratio of verl's losses, whose log-ratio is clamped "for stability", and its derivative
