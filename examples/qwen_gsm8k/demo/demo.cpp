@@ -222,6 +222,15 @@ TrainOptions demo_train_options(const DemoOptions& options) {
   train.loss.tau_neg = options.tau_neg;
   train.loss.dro_beta = options.dro_beta;
   train.loss.aggregation = dapo::verl_aggregation(options.policy_loss, train.loss.aggregation);
+  // Each loss with its published clip: GSPO's on the sequence ratio (3e-4 / 4e-4, the GSPO paper's and verl's
+  // recipe; DAPO's 0.2 / 0.28 hardly binds a mean log-ratio, and four updates a step then collapse the demo model);
+  // CISPO's upper bound only (MiniMax-M1: the IS weight is truncated from above), at DAPO's 0.28.
+  if (options.policy_loss == dapo::PolicyLossMode::kGspo) {
+    train.loss.clip_low = 3e-4;
+    train.loss.clip_high = 4e-4;
+  } else if (options.policy_loss == dapo::PolicyLossMode::kCispo) {
+    train.loss.clip_low = 1.0;
+  }
   train.adv_estimator = options.adv_estimator;
   return train;
 }

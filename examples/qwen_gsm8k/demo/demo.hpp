@@ -55,7 +55,7 @@ struct DemoOptions {
   int64_t log_rollouts = 2;
   // The loss and the advantage estimator by verl's names (--policy-loss, --adv-estimator), with the loss's options;
   // gspo and sapo aggregate with seq-mean-token-mean as in verl (dapo::verl_aggregation), the others keep the
-  // algorithm's aggregation.
+  // algorithm's aggregation; gspo clips at 3e-4 / 4e-4 and cispo from above only (demo_train_options).
   dapo::PolicyLossMode policy_loss = dapo::PolicyLossMode::kVanilla;
   double tau_pos = 1.0, tau_neg = 1.05, dro_beta = 0.0;
   dapo::AdvantageEstimator adv_estimator = dapo::AdvantageEstimator::kGrpo;
