@@ -53,8 +53,7 @@ PolicyLossKernelResult clip_cov_kernel(const PolicyLossInputs<T, A, M>& in, cons
   double tokens = 0.0, advantage_sum = 0.0, logp_sum = 0.0;
   for (int64_t i = 0; i < size; ++i) {
     const auto m = static_cast<double>(in.mask[i]);
-    DAPO_REQUIRE(m == 0.0 || m == 1.0, where, "mask[", i / in.cols, ", ", i % in.cols, "] is ", m,
-                 ", expected 0 or 1");
+    DAPO_REQUIRE(m == 0.0 || m == 1.0, where, "mask[", i / in.cols, ", ", i % in.cols, "] is ", m, ", expected 0 or 1");
     if (m == 0.0) continue;
     tokens += 1.0;
     advantage_sum += advantage(i);
@@ -76,9 +75,8 @@ PolicyLossKernelResult clip_cov_kernel(const PolicyLossInputs<T, A, M>& in, cons
   }
   std::vector<char> chosen(static_cast<std::size_t>(size), 0);
   if (!candidates.empty()) {
-    const auto count = std::min<int64_t>(
-        std::max<int64_t>(static_cast<int64_t>(options.clip_cov_ratio * tokens), 1),
-        static_cast<int64_t>(candidates.size()));
+    const auto count = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(options.clip_cov_ratio * tokens), 1),
+                                         static_cast<int64_t>(candidates.size()));
     const std::vector<int64_t> picks = choose(static_cast<int64_t>(candidates.size()), count);
     DAPO_REQUIRE(static_cast<int64_t>(picks.size()) == count, where, "the clip_cov choice gave ", picks.size(),
                  " indices, expected ", count);
