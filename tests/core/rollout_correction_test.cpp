@@ -16,12 +16,6 @@ std::string threshold_text(const nlohmann::json& value) {
   return value.is_string() ? value.get<std::string>() : value.dump();
 }
 
-std::string counted(const std::map<std::string, int>& counts) {
-  std::string text;
-  for (const auto& [name, count] : counts) text += (text.empty() ? "" : ", ") + name + " " + std::to_string(count);
-  return text;
-}
-
 }  // namespace
 
 TEST_CASE("core rollout_is_weights matches every rollout_is case of verl_zoo.json (token and sequence, TIS, IcePop)") {
@@ -52,7 +46,7 @@ TEST_CASE("core rollout_is_weights matches every rollout_is case of verl_zoo.jso
     }
     ++per_kind[level + (options.lower > 0.0 ? " icepop" : " tis")];
   }
-  MESSAGE("verl_zoo.json rollout_is: " << cases->size() << " cases (" << counted(per_kind) << ")");
+  MESSAGE("verl_zoo.json rollout_is: " << cases->size() << " cases (" << dapo::test::count_message(per_kind) << ")");
   for (const char* kind : {"token tis", "token icepop", "sequence tis", "sequence icepop"}) {
     CAPTURE(kind);
     CHECK(per_kind[kind] > 0);
@@ -80,7 +74,7 @@ TEST_CASE("core rollout_rejection_mask matches every rollout_rs case of verl_zoo
     CHECK(kept == expected);  // 0/1 decisions: exact
     for (const auto& option : options) ++per_option[option.name];
   }
-  MESSAGE("verl_zoo.json rollout_rs: " << cases->size() << " cases (" << counted(per_option) << ")");
+  MESSAGE("verl_zoo.json rollout_rs: " << cases->size() << " cases (" << dapo::test::count_message(per_option) << ")");
   for (const char* option :
        {"token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2"}) {
     CAPTURE(option);

@@ -32,9 +32,7 @@ inline std::optional<std::vector<KlCase>> kl_cases() {
   }
   std::map<std::string, int> by_name;
   for (const KlCase& c : all) ++by_name[c.name];
-  std::string counts;
-  for (const auto& [name, count] : by_name) counts += (counts.empty() ? "" : ", ") + name + " " + std::to_string(count);
-  MESSAGE("verl_zoo.json kl_penalty: " << all.size() << " cases (" << counts << ")");
+  MESSAGE("verl_zoo.json kl_penalty: " << all.size() << " cases (" << count_message(by_name) << ")");
   return all;
 }
 

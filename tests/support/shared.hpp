@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,6 +82,13 @@ inline std::optional<nlohmann::json> verl_zoo(const std::string& section) {
 // |actual - expected| <= absolute + relative * |expected|
 inline bool close(double actual, double expected, double relative, double absolute = 0.0) {
   return std::abs(actual - expected) <= absolute + relative * std::abs(expected);
+}
+
+// "name count, name count, ..." of a count per kind, for the messages that say what a golden file held.
+inline std::string count_message(const std::map<std::string, int>& counts) {
+  std::string text;
+  for (const auto& [key, count] : counts) text += (text.empty() ? "" : ", ") + key + " " + std::to_string(count);
+  return text;
 }
 
 inline std::vector<double> flatten(const nlohmann::json& value) {

@@ -56,10 +56,7 @@ inline std::optional<std::vector<ZooAdvantageCase>> zoo_advantage_cases() {
     ++per_estimator[c.estimator];
     all.push_back(std::move(c));
   }
-  std::string counts;
-  for (const auto& [name, count] : per_estimator)
-    counts += (counts.empty() ? "" : ", ") + name + " " + std::to_string(count);
-  MESSAGE("verl_zoo.json advantage: " << all.size() << " cases (" << counts << ")");
+  MESSAGE("verl_zoo.json advantage: " << all.size() << " cases (" << count_message(per_estimator) << ")");
   for (const char* estimator :
        {"grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg"}) {
     CAPTURE(estimator);

@@ -70,13 +70,6 @@ inline PolicyLossOptions options_from_verl(const std::string& loss_mode, const s
   return o;
 }
 
-template <class Key>
-std::string count_message(const std::map<Key, int>& counts) {
-  std::string text;
-  for (const auto& [key, count] : counts) text += (text.empty() ? "" : ", ") + key + " " + std::to_string(count);
-  return text;
-}
-
 // Every policy_loss case, or nothing when the data is missing (the caller skips; see require_shared). Prints the
 // count per loss and fails when a loss of verl's ten fixed ones has none.
 inline std::optional<std::vector<ZooLossCase>> zoo_loss_cases() {

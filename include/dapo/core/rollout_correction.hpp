@@ -20,7 +20,9 @@
 #include <concepts>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +43,24 @@ struct RolloutIsOptions {
   bool batch_normalize = false;  // rollout_is_batch_normalize
 };
 
+namespace detail {
+
+// A threshold's number, the whole of `text` as std::stod reads it; nullopt when it is not one.
+inline std::optional<double> threshold_number(std::string_view text) {
+  const std::string s(text);
+  std::size_t used = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(s, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (s.empty() || used != s.size()) return std::nullopt;
+  return value;
+}
+
+}  // namespace detail
+
 // verl's (rollout_is, rollout_is_threshold): "token" or "sequence", and "U" or "L_U".
 inline RolloutIsOptions parse_rollout_is(std::string_view level, std::string_view threshold) {
   constexpr const char* kWhere = "dapo::parse_rollout_is";
@@ -49,17 +69,10 @@ inline RolloutIsOptions parse_rollout_is(std::string_view level, std::string_vie
                "', expected token or sequence");
   options.level = level == "token" ? RolloutIsLevel::kToken : RolloutIsLevel::kSequence;
   const auto number = [&](std::string_view text) {
-    const std::string s(text);
-    std::size_t used = 0;
-    double value = 0.0;
-    try {
-      value = std::stod(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DAPO_REQUIRE(used == s.size() && !s.empty(), kWhere, "rollout_is_threshold is '", threshold,
+    const std::optional<double> value = detail::threshold_number(text);
+    DAPO_REQUIRE(value.has_value(), kWhere, "rollout_is_threshold is '", threshold,
                  "', expected a number U or L_U (e.g. 2.0 or 0.5_2.0)");
-    return value;
+    return *value;
   };
   const auto split = threshold.find('_');
   if (split == std::string_view::npos) {
@@ -120,16 +133,10 @@ inline std::vector<RolloutRsOption> parse_rollout_rs(std::string_view names, std
     const std::string& name = option_names[i];
     const std::string& spec = specs[i];
     const auto number = [&](const std::string& text) {
-      std::size_t used = 0;
-      double value = 0.0;
-      try {
-        value = std::stod(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      DAPO_REQUIRE(used == text.size() && !text.empty() && value > 0.0, kWhere, "threshold '", spec, "' of ", name,
+      const std::optional<double> value = detail::threshold_number(text);
+      DAPO_REQUIRE(value.has_value() && *value > 0.0, kWhere, "threshold '", spec, "' of ", name,
                    " is not a positive number");
-      return value;
+      return *value;
     };
     RolloutRsOption option{name, 0.0, 0.0};
     const auto underscore = spec.find('_');

@@ -47,16 +47,13 @@ PolicyLossKernelResult clip_cov_kernel(const PolicyLossInputs<T, A, M>& in, cons
                                        G* raw_grad, const char* where, const ClipCovChoice& choose) {
   DAPO_REQUIRE(static_cast<bool>(choose), where, "the clip_cov loss draws tokens at random: pass a choice");
   const int64_t size = in.rows * in.cols;
-  const auto advantage = [&](int64_t i) {
-    return static_cast<double>(in.per_token_advantages ? in.advantages[i] : in.advantages[i / in.cols]);
-  };
   double tokens = 0.0, advantage_sum = 0.0, logp_sum = 0.0;
   for (int64_t i = 0; i < size; ++i) {
     const auto m = static_cast<double>(in.mask[i]);
     DAPO_REQUIRE(m == 0.0 || m == 1.0, where, "mask[", i / in.cols, ", ", i % in.cols, "] is ", m, ", expected 0 or 1");
     if (m == 0.0) continue;
     tokens += 1.0;
-    advantage_sum += advantage(i);
+    advantage_sum += in.advantage_at(i);
     logp_sum += static_cast<double>(in.logp[i]);
   }
   const double mean_advantage = advantage_sum / (tokens + options.count_epsilon);
@@ -64,13 +61,13 @@ PolicyLossKernelResult clip_cov_kernel(const PolicyLossInputs<T, A, M>& in, cons
   const double low = 1.0 - options.clip_low, high = 1.0 + options.clip_high;
   const auto losses = [&](int64_t i) {  // {max of the two terms, whether the clip bound it}
     const double ratio = std::exp(static_cast<double>(in.logp[i]) - static_cast<double>(in.old_logp[i]));
-    const double unclipped = -advantage(i) * ratio, clipped = -advantage(i) * std::clamp(ratio, low, high);
+    const double unclipped = -in.advantage_at(i) * ratio, clipped = -in.advantage_at(i) * std::clamp(ratio, low, high);
     return std::pair<double, bool>{std::max(unclipped, clipped), clipped > unclipped};
   };
   std::vector<int64_t> candidates;
   for (int64_t i = 0; i < size; ++i) {
     if (static_cast<double>(in.mask[i]) == 0.0 || losses(i).second) continue;
-    const double cov = (advantage(i) - mean_advantage) * (static_cast<double>(in.logp[i]) - mean_logp);
+    const double cov = (in.advantage_at(i) - mean_advantage) * (static_cast<double>(in.logp[i]) - mean_logp);
     if (cov > options.clip_cov_lb && cov < options.clip_cov_ub) candidates.push_back(i);
   }
   std::vector<char> chosen(static_cast<std::size_t>(size), 0);
@@ -93,7 +90,7 @@ PolicyLossKernelResult clip_cov_kernel(const PolicyLossInputs<T, A, M>& in, cons
     if (chosen[static_cast<std::size_t>(i)] != 0) return dapo::detail::TokenTerms<double>{0.0, 0.0, 1.0, 0.0, -r};
     const auto [loss, clipped] = losses(i);
     // Where the clipped term wins the ratio lies outside [low, high], where clamp passes no gradient.
-    const double grad = clipped ? 0.0 : -advantage(i) * std::exp(r);
+    const double grad = clipped ? 0.0 : -in.advantage_at(i) * std::exp(r);
     return dapo::detail::TokenTerms<double>{loss * weight, grad * weight, 0.0, 0.0, -r};
   };
   return aggregate_token_terms(in.mask, in.rows, in.cols, options, terms, raw_grad, where);

@@ -32,7 +32,7 @@ PolicyLossKernelResult geo_mean_kernel(const PolicyLossInputs<T, A, M>& in, cons
       const auto m = static_cast<double>(in.mask[i]);
       DAPO_REQUIRE(m == 0.0 || m == 1.0, where, "mask[", row, ", ", col, "] is ", m, ", expected 0 or 1");
       if (m == 0.0) continue;
-      const auto a = static_cast<double>(in.per_token_advantages ? in.advantages[i] : in.advantages[row]);
+      const double a = in.advantage_at(i);
       const double r = static_cast<double>(in.logp[i]) - static_cast<double>(in.old_logp[i]);
       const double clamped = std::clamp(r, -options.clip_low, options.clip_high);
       const double sign = static_cast<double>((a > 0.0) - (a < 0.0));
@@ -58,7 +58,7 @@ PolicyLossKernelResult geo_mean_kernel(const PolicyLossInputs<T, A, M>& in, cons
       const int64_t i = offset + col;
       double grad = 0.0;
       if (static_cast<double>(in.mask[i]) != 0.0) {
-        const auto a = static_cast<double>(in.per_token_advantages ? in.advantages[i] : in.advantages[row]);
+        const double a = in.advantage_at(i);
         const double r = static_cast<double>(in.logp[i]) - static_cast<double>(in.old_logp[i]);
         // min(r, clamp) for A > 0 follows r unless r > clip_high; max for A < 0 unless r < -clip_low; A = 0: flat.
         const bool passes = (a > 0.0 && r <= options.clip_high) || (a < 0.0 && r >= -options.clip_low);
@@ -67,17 +67,7 @@ PolicyLossKernelResult geo_mean_kernel(const PolicyLossInputs<T, A, M>& in, cons
       raw_grad[i] = static_cast<G>(grad);
     }
   }
-  PolicyLossKernelResult out;
-  out.grad_scale = scale;
-  out.result.loss = total.loss * scale;
-  out.result.token_count = total.tokens;
-  if (total.tokens > 0.0) {
-    const double tokens = total.tokens + options.count_epsilon;
-    out.result.clip_fraction = total.clipped / tokens;
-    out.result.dual_clip_fraction = total.dual_clipped / tokens;
-    out.result.approx_kl = total.kl / tokens;
-  }
-  return out;
+  return scaled_result(total, scale, options);
 }
 
 }  // namespace DAPO_KERNEL_ABI

@@ -56,6 +56,11 @@ struct PolicyLossInputs {
   int64_t rows = 0, cols = 0;
   bool per_token_advantages = false;
   const A* weights = nullptr;  // [B, T] per-token weights of the loss (verl's rollout_is_weights), or null
+
+  // The advantage of flat token i (row-major), whether advantages are [B] or [B, T].
+  double advantage_at(int64_t i) const {
+    return static_cast<double>(per_token_advantages ? advantages[i] : advantages[i / cols]);
+  }
 };
 
 // The kernel's answer: the loss and metrics, and grad_scale, the factor that turns the raw gradient it wrote into
@@ -325,6 +330,23 @@ void scale_rows(G* grad, int64_t first_row, int64_t last_row, int64_t cols, doub
 namespace core {
 inline namespace DAPO_KERNEL_ABI {  // the CPU kernel: see kernel_abi.hpp
 
+// The loss (the sums' loss times the batch-wide factor `scale`, which is also grad_scale) and the metrics, the shares
+// of masked tokens, each count + count_epsilon as verl divides.
+inline PolicyLossKernelResult scaled_result(const PolicyLossSums& total, double scale,
+                                            const PolicyLossOptions& options) {
+  PolicyLossKernelResult out;
+  out.grad_scale = scale;
+  out.result.loss = total.loss * scale;
+  out.result.token_count = total.tokens;
+  if (total.tokens > 0.0) {
+    const double tokens = total.tokens + options.count_epsilon;
+    out.result.clip_fraction = total.clipped / tokens;
+    out.result.dual_clip_fraction = total.dual_clipped / tokens;
+    out.result.approx_kl = total.kl / tokens;
+  }
+  return out;
+}
+
 // The loss, the metrics and grad_scale from the weighted sums of a whole batch (any device's kernel). grad_scale is
 // the batch-wide factor of the aggregation: 1 / the count it divides by, this call's own or the options' global one.
 inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, int64_t rows, int64_t cols,
@@ -372,17 +394,7 @@ inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, in
       scale = 1.0;
       break;
   }
-  PolicyLossKernelResult out;
-  out.grad_scale = scale;
-  out.result.loss = total.loss * scale;
-  out.result.token_count = total.tokens;
-  if (total.tokens > 0.0) {
-    const double tokens = total.tokens + options.count_epsilon;
-    out.result.clip_fraction = total.clipped / tokens;
-    out.result.dual_clip_fraction = total.dual_clipped / tokens;
-    out.result.approx_kl = total.kl / tokens;
-  }
-  return out;
+  return scaled_result(total, scale, options);
 }
 
 // The fused policy loss: one pass over the inputs writes the raw gradient (when raw_grad is not null) and returns the

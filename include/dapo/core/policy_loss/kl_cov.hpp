@@ -27,19 +27,16 @@ std::vector<char> kl_cov_choice(const PolicyLossInputs<T, A, M>& in, const Polic
   }
   std::vector<char> chosen(static_cast<std::size_t>(in.rows * in.cols), 0);
   if (valid.empty()) return chosen;
-  const auto advantage = [&](int64_t i) {
-    return static_cast<double>(in.per_token_advantages ? in.advantages[i] : in.advantages[i / in.cols]);
-  };
   double mean_advantage = 0.0, mean_logp = 0.0;
   for (const int64_t i : valid) {
-    mean_advantage += advantage(i);
+    mean_advantage += in.advantage_at(i);
     mean_logp += static_cast<double>(in.logp[i]);
   }
   mean_advantage /= static_cast<double>(valid.size());
   mean_logp /= static_cast<double>(valid.size());
   std::vector<double> cov(valid.size());
   for (std::size_t j = 0; j < valid.size(); ++j) {
-    cov[j] = (advantage(valid[j]) - mean_advantage) * (static_cast<double>(in.logp[valid[j]]) - mean_logp);
+    cov[j] = (in.advantage_at(valid[j]) - mean_advantage) * (static_cast<double>(in.logp[valid[j]]) - mean_logp);
   }
   const auto count =
       std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(valid.size()) * options.kl_cov_ratio));
@@ -58,7 +55,7 @@ PolicyLossKernelResult kl_cov_kernel(const PolicyLossInputs<T, A, M>& in, const 
   const std::vector<char> chosen = kl_cov_choice(in, options);
   const auto terms = [&](int64_t row, int64_t col) {
     const int64_t i = row * in.cols + col;
-    const auto a = static_cast<double>(in.per_token_advantages ? in.advantages[i] : in.advantages[row]);
+    const double a = in.advantage_at(i);
     const double r = static_cast<double>(in.logp[i]) - static_cast<double>(in.old_logp[i]);
     const double ratio = std::exp(r);
     double loss = -a * ratio, grad = -a * ratio;
