@@ -12,4 +12,6 @@ if [[ $DAPO_TORCHRUN_TEST == required ]]; then
 else
   scripts/setup.sh
 fi
-ctest --test-dir "${DAPO_BUILD_DIR:-build}" --output-on-failure "$@"
+# Two tests at a time where there are two cores: the consumer projects compile one file each while the trainer tests
+# run (tests that share a resource say so: RESOURCE_LOCK in tests/CMakeLists.txt).
+ctest --test-dir "${DAPO_BUILD_DIR:-build}" --output-on-failure --parallel "$(nproc)" "$@"

@@ -19,6 +19,7 @@
 #include <torch/types.h>
 
 #include "dapo/core/accumulation.hpp"
+#include "dapo/core/kernel_abi.hpp"
 #include "dapo/detail/aten_kernels.hpp"
 #include "dapo/detail/autograd_node.hpp"
 #include "dapo/detail/loss_tensors.hpp"
@@ -73,11 +74,11 @@ inline ClipCovChoice clip_cov_torch_choice(const at::Generator& generator) {
 // Everything below whose body runs the CPU kernel: see <dapo/core/kernel_abi.hpp>.
 inline namespace DAPO_KERNEL_ABI {
 
-inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
-                                                           const torch::Tensor& advantages, const torch::Tensor& mask,
-                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad,
-                                                           const torch::Tensor& weights = {},
-                                                           const at::Generator& generator = {});
+// Defined below, or, under DAPO_SEPARATE_COMPILATION, in one translation unit of the program (kernel_abi.hpp).
+DAPO_SEPARATE_INLINE core::PolicyLossKernelResult cpu_policy_loss_kernel(
+    const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+    const torch::Tensor& mask, const PolicyLossOptions& options, torch::Tensor& raw_grad,
+    const torch::Tensor& weights = {}, const at::Generator& generator = {});
 
 // The backward of the fused loss: d loss / d logp = raw_grad * grad_scale, times the incoming gradient. An autograd
 // Node of its own, not a torch::autograd::Function: g++ 14 at -O3 reports a false -Warray-bounds inside LibTorch 2.x's
@@ -134,11 +135,11 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
   return {loss, scalar(out.result.clip_fraction), scalar(out.result.dual_clip_fraction), scalar(out.result.approx_kl)};
 }
 
-inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& logp, const torch::Tensor& old_logp,
-                                                           const torch::Tensor& advantages, const torch::Tensor& mask,
-                                                           const PolicyLossOptions& options, torch::Tensor& raw_grad,
-                                                           const torch::Tensor& weights,
-                                                           const at::Generator& generator) {
+#if DAPO_DEFINE_TORCH_KERNELS
+DAPO_SEPARATE_INLINE core::PolicyLossKernelResult cpu_policy_loss_kernel(
+    const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+    const torch::Tensor& mask, const PolicyLossOptions& options, torch::Tensor& raw_grad, const torch::Tensor& weights,
+    const at::Generator& generator) {
   core::PolicyLossKernelResult out;
   if (options.mode == PolicyLossMode::kVanilla && !weights.defined() && options.delta == 0.0) {
     // DAPO's own path reads every logp and mask dtype as it is.
@@ -177,6 +178,7 @@ inline core::PolicyLossKernelResult cpu_policy_loss_kernel(const torch::Tensor& 
   });
   return out;
 }
+#endif  // DAPO_DEFINE_TORCH_KERNELS
 
 }  // namespace DAPO_KERNEL_ABI
 }  // namespace detail

@@ -1,4 +1,5 @@
-# cmake -DMODE=find_package|add_subdirectory -DDAPO_SOURCE_DIR=... -DDAPO_BINARY_DIR=... -DWORK_DIR=... -P this
+# cmake -DMODE=find_package|add_subdirectory -DDAPO_SOURCE_DIR=... -DDAPO_BINARY_DIR=... -DWORK_DIR=... [-DLAUNCHER=...]
+#   -P this
 # Installs dapo (find_package mode), configures, builds and runs the consumer project; fails on any error.
 function(run_step what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -16,6 +17,11 @@ if(MODE STREQUAL "find_package")
   endif()
 else()
   set(extra_args -DDAPO_SOURCE_DIR=${DAPO_SOURCE_DIR})
+endif()
+# The compiler launcher of dapo's own build (ccache in scripts/setup.sh), so that an unchanged consumer is not
+# compiled again on every run.
+if(LAUNCHER)
+  list(APPEND extra_args -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
 endif()
 run_step("configure" ${CMAKE_COMMAND} -S ${DAPO_SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build
          -DDAPO_CONSUMER_MODE=${MODE} -DCMAKE_BUILD_TYPE=Release ${extra_args})

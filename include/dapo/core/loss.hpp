@@ -15,6 +15,7 @@
 #include <span>
 
 #include "dapo/core/error.hpp"
+#include "dapo/core/kernel_abi.hpp"
 #include "dapo/core/policy_loss/clip_cov.hpp"
 #include "dapo/core/policy_loss/geo_mean.hpp"
 #include "dapo/core/policy_loss/kernel.hpp"
@@ -87,6 +88,21 @@ PolicyLossResult policy_loss(std::span<const T> logp, std::span<const T> old_log
   detail::scale_rows(grad, 0, rows, cols, out.grad_scale);
   return out.result;
 }
+
+// Under DAPO_SEPARATE_COMPILATION, float and double are compiled in one translation unit of the program
+// (kernel_abi.hpp).
+#define DAPO_CORE_POLICY_LOSS_INSTANCE(T)                                                                         \
+  PolicyLossResult policy_loss<T>(std::span<const T>, std::span<const T>, std::span<const T>, std::span<const T>, \
+                                  int64_t, int64_t, const PolicyLossOptions&, std::span<T>, std::span<const T>,   \
+                                  const ClipCovChoice&)
+#if !DAPO_DEFINE_CORE_KERNELS
+extern template DAPO_CORE_POLICY_LOSS_INSTANCE(float);
+extern template DAPO_CORE_POLICY_LOSS_INSTANCE(double);
+#elif defined(DAPO_SEPARATE_COMPILATION)
+template DAPO_CORE_POLICY_LOSS_INSTANCE(float);
+template DAPO_CORE_POLICY_LOSS_INSTANCE(double);
+#endif
+#undef DAPO_CORE_POLICY_LOSS_INSTANCE
 
 }  // namespace DAPO_KERNEL_ABI
 }  // namespace core
