@@ -43,7 +43,7 @@ echo "cuda-compile-in-root: $($nvcc --version | tail -1), host compiler g++ $(g+
   sed -n 's/.*PACKAGE_VERSION "\(.*\)".*/\1/p' "$prefix/lib/x86_64-linux-gnu/cmake/Torch/TorchConfigVersion.cmake")"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
       -DCMAKE_PREFIX_PATH="$prefix/lib/x86_64-linux-gnu/cmake" -DCUDAToolkit_ROOT=/usr/local/cuda \
-      -DCMAKE_CUDA_COMPILER="$nvcc" -DDAPO_CUDA_ARCHITECTURES=90 -DDAPO_WERROR=ON \
+      -DCMAKE_CUDA_COMPILER="$nvcc" -DDAPO_CUDA_ARCHITECTURES=90 -DDAPO_WERROR=ON -DDAPO_UNITY_BUILD=OFF \
       -DCMAKE_PROJECT_INCLUDE="$(pwd)/$shim" -DC10_CUDA_LIBRARY="$libdir/libc10_cuda.so.2.6.0" \
       -DCMAKE_LINK_DEPENDS_NO_SHARED=ON -DCMAKE_CXX_LINK_EXECUTABLE="$stamp" -DCMAKE_CUDA_LINK_EXECUTABLE="$stamp" \
       -DCMAKE_CXX_CREATE_SHARED_LIBRARY="$stamp" 2>&1 | tee "$build/configure.log"

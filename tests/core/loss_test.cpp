@@ -6,13 +6,11 @@
 #include <random>
 
 #include "support/loss_case.hpp"
+#include "support/vectors.hpp"
 
 namespace {
 
-template <class T>
-std::vector<T> as(const std::vector<double>& values) {
-  return std::vector<T>(values.begin(), values.end());
-}
+using dapo::test::as;
 
 template <class T>
 dapo::core::PolicyLossResult run(const dapo::test::LossCase& c, std::vector<T>* grad = nullptr) {

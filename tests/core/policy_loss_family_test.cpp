@@ -9,13 +9,11 @@
 #include <vector>
 
 #include "support/loss_case.hpp"
+#include "support/vectors.hpp"
 
 namespace {
 
-template <class T>
-std::vector<T> as(const std::vector<double>& values) {
-  return {values.begin(), values.end()};
-}
+using dapo::test::as;
 
 }  // namespace
 

@@ -10,16 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "support/vectors.hpp"
 #include "support/zoo_loss_case.hpp"
 
 namespace {
 
 using dapo::test::ZooLossCase;
 
-template <class T>
-std::vector<T> as(const std::vector<double>& values) {
-  return {values.begin(), values.end()};
-}
+using dapo::test::as;
 
 template <class T>
 struct Computed {

@@ -136,8 +136,8 @@ struct Finished {
 };
 
 // Runs `command` to its end, stdout and stderr into files beside `log`.
-Finished run(const std::vector<std::string>& command, const fs::path& log,
-             std::optional<rlim_t> file_size_limit = std::nullopt) {
+Finished run_to_end(const std::vector<std::string>& command, const fs::path& log,
+                    std::optional<rlim_t> file_size_limit = std::nullopt) {
   auto options = spawn_options(log);
   options.stdout_file = log.string() + ".out";
   options.file_size_limit = file_size_limit;
@@ -171,7 +171,7 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
 }
 
 // The clock's metrics (timing_s/*, perf/* but the token count) differ between two runs of the same step.
-std::vector<nlohmann::json> untimed_rows(const fs::path& path) {
+std::vector<nlohmann::json> rows_without_clock(const fs::path& path) {
   std::vector<nlohmann::json> rows;
   for (nlohmann::json row : qwen::read_json_lines(path)) {
     for (auto it = row.begin(); it != row.end();) {
@@ -239,18 +239,18 @@ TEST_CASE(
     "run") {
   TinyRun setup;
   const auto reference = setup.dir("reference");
-  const Finished whole = run(setup.train(reference, 4), setup.dir("reference.log"));
+  const Finished whole = run_to_end(setup.train(reference, 4), setup.dir("reference.log"));
   REQUIRE_MESSAGE(whole.status == 0, whole.output);
 
   const auto output = setup.dir("stopped");
   const int64_t step = stop_run(setup, output, SIGTERM, 4);
   CHECK(step <= 2);  // the step whose line came, or the one under way when the signal came right after it
   const Finished resumed =
-      run(setup.train(output, 4, {"--resume", (output / "checkpoints").string()}), setup.dir("resumed.log"));
+      run_to_end(setup.train(output, 4, {"--resume", (output / "checkpoints").string()}), setup.dir("resumed.log"));
   REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
   CHECK(contains(resumed.output, "resumed at step " + std::to_string(step)));
   // The same metrics rows (clock fields aside) and the same final weights, to the bit.
-  CHECK(untimed_rows(output / "metrics.jsonl") == untimed_rows(reference / "metrics.jsonl"));
+  CHECK(rows_without_clock(output / "metrics.jsonl") == rows_without_clock(reference / "metrics.jsonl"));
   const auto final_weights = fs::path("checkpoints") / "step-000004" / "model.safetensors";
   CHECK(read_file(output / final_weights) == read_file(reference / final_weights));
 }
@@ -293,7 +293,7 @@ TEST_CASE(
   TinyRun setup;
   const auto output = setup.dir("run");
   const auto root = output / "checkpoints";
-  const Finished first = run(setup.train(output, 2), setup.dir("first.log"));
+  const Finished first = run_to_end(setup.train(output, 2), setup.dir("first.log"));
   REQUIRE_MESSAGE(first.status == 0, first.output);
   REQUIRE(qwen::find_checkpoint(root) == root / "step-000002");
 
@@ -309,7 +309,7 @@ TEST_CASE(
   }
   const auto before = snapshot(root);
   const Finished full =
-      run(setup.train(output, 4, {"--resume", root.string()}, /*save_every=*/1), setup.dir("full.log"), limit);
+      run_to_end(setup.train(output, 4, {"--resume", root.string()}, /*save_every=*/1), setup.dir("full.log"), limit);
   INFO(full.output);
   CHECK_FALSE(full.killed);  // SIGXFSZ is ignored: the write fails with EFBIG, and the program reports it
   CHECK(full.status == 1);
@@ -324,7 +324,7 @@ TEST_CASE(
   CHECK(qwen::find_checkpoint(root) == root / "step-000002");
   qwen::load_model(root / "step-000002");
 
-  const Finished later = run(setup.train(output, 4, {"--resume", root.string()}), setup.dir("later.log"));
+  const Finished later = run_to_end(setup.train(output, 4, {"--resume", root.string()}), setup.dir("later.log"));
   REQUIRE_MESSAGE(later.status == 0, later.output);
   CHECK(contains(later.output, "resumed at step 2"));
   CHECK(qwen::find_checkpoint(root) == root / "step-000004");
@@ -338,7 +338,7 @@ TEST_CASE(
   TinyRun setup;
   const auto original = setup.dir("original");
   // Checkpoints of steps 1 and 2; resuming from step 1 would cut metrics.jsonl back to its first row.
-  const Finished first = run(setup.train(original, 2, {}, /*save_every=*/1), setup.dir("original.log"));
+  const Finished first = run_to_end(setup.train(original, 2, {}, /*save_every=*/1), setup.dir("original.log"));
   REQUIRE_MESSAGE(first.status == 0, first.output);
   const auto step1 = fs::path("checkpoints") / "step-000001";
   REQUIRE(fs::exists(original / step1 / "optimizer.pt"));
@@ -425,8 +425,8 @@ TEST_CASE(
     fs::copy(original, run_dir, fs::copy_options::recursive);
     damage.apply(run_dir);
     const auto before = snapshot(run_dir);
-    const Finished resumed =
-        run(setup.train(run_dir, 3, {"--resume", (run_dir / damage.resume_from).string()}), setup.dir("damaged.log"));
+    const Finished resumed = run_to_end(setup.train(run_dir, 3, {"--resume", (run_dir / damage.resume_from).string()}),
+                                        setup.dir("damaged.log"));
     INFO(resumed.output);
     CHECK_FALSE(resumed.killed);
     CHECK(resumed.status == 1);

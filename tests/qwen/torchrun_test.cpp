@@ -180,14 +180,14 @@ std::optional<std::vector<std::string>> torchrun_workaround(const std::filesyste
 }
 
 // Whether a metrics or summary field measures time (or speed), which differs from run to run.
-bool timing_field(const std::string& key) {
+bool varies_with_clock(const std::string& key) {
   return key.rfind("timing_s/", 0) == 0 || key.ends_with("seconds") || key.ends_with("per_second") ||
          key == "perf/throughput" || key == "perf/time_per_step";
 }
 
 nlohmann::json untimed(nlohmann::json value) {
   for (auto it = value.begin(); it != value.end();) {
-    it = timing_field(it.key()) ? value.erase(it) : std::next(it);
+    it = varies_with_clock(it.key()) ? value.erase(it) : std::next(it);
   }
   return value;
 }

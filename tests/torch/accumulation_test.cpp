@@ -7,6 +7,7 @@
 #include <random>
 
 #include "support/loss_case.hpp"
+#include "support/loss_fns.hpp"
 #include "support/micro_batch_plan.hpp"
 #include "support/tensors.hpp"
 
@@ -15,10 +16,9 @@ namespace {
 using dapo::LossAggregation;
 using dapo::test::LossCase;
 
-using LossFn = dapo::PolicyLossOutput (*)(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                                          const torch::Tensor&, const dapo::PolicyLossOptions&);
-constexpr LossFn kFused = &dapo::policy_loss;
-constexpr LossFn kReference = &dapo::reference::policy_loss;
+using dapo::test::kFused;
+using dapo::test::kReference;
+using dapo::test::LossFn;
 
 struct Batch {
   torch::Tensor logp, old_logp, advantages, mask;  // [B, T], [B, T], [B] or [B, T], [B, T]
@@ -34,15 +34,15 @@ Batch batch_of(const LossCase& c, torch::ScalarType dtype, bool bool_mask) {
   return batch;
 }
 
-struct Result {
+struct Accumulated {
   double loss = 0.0;
   std::vector<double> grad;  // d loss / d logp [B, T] by autograd
 };
 
 // Every rank counts its share of the mask, the counts are summed, and the sum of the micro-batch losses (each on its
 // trimmed rows, with micro_batch_options) is backpropagated once, as gradient accumulation does.
-Result accumulate(const LossCase& c, const dapo::PolicyLossOptions& options, const dapo::test::Split& split,
-                  LossFn loss_fn, torch::ScalarType dtype, bool bool_mask) {
+Accumulated accumulate(const LossCase& c, const dapo::PolicyLossOptions& options, const dapo::test::Split& split,
+                       LossFn loss_fn, torch::ScalarType dtype, bool bool_mask) {
   const Batch batch = batch_of(c, dtype, bool_mask);
   const int64_t unit_rows = options.aggregation == LossAggregation::kGroupTokenMean ? options.group_size : 1;
   const auto plan = dapo::test::plan_micro_batches(c.mask, c.rows, c.cols, unit_rows, split);
@@ -64,14 +64,14 @@ Result accumulate(const LossCase& c, const dapo::PolicyLossOptions& options, con
   return {total.item<double>(), dapo::test::values(batch.logp.grad())};
 }
 
-Result one_shot(const LossCase& c, const dapo::PolicyLossOptions& options, LossFn loss_fn) {
+Accumulated one_shot(const LossCase& c, const dapo::PolicyLossOptions& options, LossFn loss_fn) {
   const Batch batch = batch_of(c, torch::kFloat64, false);
   const auto out = loss_fn(batch.logp, batch.old_logp, batch.advantages, batch.mask, options);
   out.loss.backward();
   return {out.loss.item<double>(), dapo::test::values(batch.logp.grad())};
 }
 
-void check_close(const Result& actual, double loss, const std::vector<double>& grad, double tolerance) {
+void check_close(const Accumulated& actual, double loss, const std::vector<double>& grad, double tolerance) {
   CHECK(dapo::test::close(actual.loss, loss, tolerance, tolerance));
   REQUIRE(actual.grad.size() == grad.size());
   for (std::size_t i = 0; i < grad.size(); ++i) {
@@ -98,7 +98,7 @@ TEST_CASE("tensor front end: micro-batches and ranks of every golden case add up
         CAPTURE(c.name);
         CAPTURE(options.norm_length);
         CAPTURE(loss_fn == kFused);
-        const Result expected = one_shot(c, options, loss_fn);
+        const Accumulated expected = one_shot(c, options, loss_fn);
         check_close(expected, c.loss, c.grad_logp, 1e-12);
         for (const auto& split : dapo::test::kSplits) {
           CAPTURE(split.name());
@@ -132,7 +132,7 @@ TEST_CASE("tensor front end: ragged masks with empty rows and an all-empty micro
     }
     for (const LossFn loss_fn : {kFused, kReference}) {
       CAPTURE(loss_fn == kFused);
-      const Result expected = one_shot(c, c.options, loss_fn);
+      const Accumulated expected = one_shot(c, c.options, loss_fn);
       for (const auto& split : dapo::test::kSplits) {
         CAPTURE(split.name());
         check_close(accumulate(c, c.options, split, loss_fn, torch::kFloat64, false), expected.loss, expected.grad,

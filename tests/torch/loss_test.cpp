@@ -7,6 +7,7 @@
 #include <random>
 
 #include "support/loss_case.hpp"
+#include "support/loss_fns.hpp"
 #include "support/tensors.hpp"
 
 namespace {
@@ -16,10 +17,9 @@ struct TorchRun {
   std::vector<double> grad;
 };
 
-using LossFn = dapo::PolicyLossOutput (*)(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                                          const torch::Tensor&, const dapo::PolicyLossOptions&);
-constexpr LossFn kFused = &dapo::policy_loss;
-constexpr LossFn kReference = &dapo::reference::policy_loss;
+using dapo::test::kFused;
+using dapo::test::kReference;
+using dapo::test::LossFn;
 
 // The case's tensors in `dtype` on `device` (rounded to dtype first, so every device sees the same values).
 TorchRun run_torch(const dapo::test::LossCase& c, torch::ScalarType dtype, bool bool_mask = false,

@@ -20,7 +20,7 @@ namespace {
 using nlohmann::json;
 using qwen::ChatMessage;
 
-constexpr std::size_t kShownMismatches = 5;
+using dapo::test::kShownMismatches;
 
 // The first byte where `ours` and `theirs` differ (the shorter one's length when one is a prefix of the other).
 std::size_t first_difference(const std::string& ours, const std::string& theirs) {

@@ -7,12 +7,16 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 namespace dapo::test {
+
+// How many mismatching cases a failing comparison prints as failures (write_mismatches keeps them all).
+inline constexpr std::size_t kShownMismatches = 5;
 
 // DAPO_TRANSFORMERS_REFERENCES, checked to be a directory.
 inline std::filesystem::path transformers_references() {

@@ -20,7 +20,7 @@ namespace {
 using nlohmann::json;
 using qwen::Tokenizer;
 
-constexpr std::size_t kShownMismatches = 5;
+using dapo::test::kShownMismatches;
 
 // A string as a JSON literal with every non-ASCII character escaped, so that odd spaces and marks stay visible.
 std::string escaped(const std::string& text) {

@@ -9,14 +9,14 @@
 namespace qwen {
 namespace {
 
-[[noreturn]] void fail(const std::string& source, const std::string& message) {
+[[noreturn]] void config_error(const std::string& source, const std::string& message) {
   throw std::invalid_argument(source + ": " + message);
 }
 
 int64_t required_int(const nlohmann::json& json, const char* key, const std::string& source) {
-  if (!json.contains(key)) fail(source, std::string("missing field \"") + key + "\"");
+  if (!json.contains(key)) config_error(source, std::string("missing field \"") + key + "\"");
   if (!json.at(key).is_number_integer()) {
-    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected an integer");
+    config_error(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected an integer");
   }
   return json.at(key).get<int64_t>();
 }
@@ -24,7 +24,7 @@ int64_t required_int(const nlohmann::json& json, const char* key, const std::str
 double number_or(const nlohmann::json& json, const char* key, double fallback, const std::string& source) {
   if (!json.contains(key) || json.at(key).is_null()) return fallback;
   if (!json.at(key).is_number()) {
-    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected a number");
+    config_error(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected a number");
   }
   return json.at(key).get<double>();
 }
@@ -34,7 +34,7 @@ std::string string_or(const nlohmann::json& json, const char* key, const std::st
                       const std::string& source) {
   if (!json.contains(key)) return fallback;
   if (!json.at(key).is_string()) {
-    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected a string");
+    config_error(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected a string");
   }
   return json.at(key).get<std::string>();
 }
@@ -42,7 +42,7 @@ std::string string_or(const nlohmann::json& json, const char* key, const std::st
 bool bool_or(const nlohmann::json& json, const char* key, bool fallback, const std::string& source) {
   if (!json.contains(key) || json.at(key).is_null()) return fallback;
   if (!json.at(key).is_boolean()) {
-    fail(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected true or false");
+    config_error(source, std::string("field \"") + key + "\" is " + json.at(key).dump() + ", expected true or false");
   }
   return json.at(key).get<bool>();
 }
@@ -59,16 +59,16 @@ double read_rope_theta(const nlohmann::json& json, const std::string& source) {
   const double legacy = number_or(json, "rope_theta", 0.0, source);
   if (!json.contains("rope_parameters") || json.at("rope_parameters").is_null()) return legacy > 0.0 ? legacy : 10000.0;
   const auto& parameters = json.at("rope_parameters");
-  if (!parameters.is_object()) fail(source, "rope_parameters is " + parameters.dump() + ", expected an object");
+  if (!parameters.is_object()) config_error(source, "rope_parameters is " + parameters.dump() + ", expected an object");
   const std::string type = string_or(parameters, "rope_type", "default", source + " rope_parameters");
   if (type != "default") {
-    fail(source, "rope_parameters.rope_type is \"" + type + "\"; only plain RoPE (\"default\") is supported");
+    config_error(source, "rope_parameters.rope_type is \"" + type + "\"; only plain RoPE (\"default\") is supported");
   }
   const double theta =
       number_or(parameters, "rope_theta", legacy > 0.0 ? legacy : 10000.0, source + " rope_parameters");
   if (legacy > 0.0 && legacy != theta) {
-    fail(source, "rope_theta " + json.at("rope_theta").dump() + " and rope_parameters.rope_theta " +
-                     parameters.at("rope_theta").dump() + " disagree");
+    config_error(source, "rope_theta " + json.at("rope_theta").dump() + " and rope_parameters.rope_theta " +
+                             parameters.at("rope_theta").dump() + " disagree");
   }
   return theta;
 }
@@ -76,23 +76,24 @@ double read_rope_theta(const nlohmann::json& json, const std::string& source) {
 }  // namespace
 
 Config Config::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) fail(source, "expected a JSON object");
+  if (!json.is_object()) config_error(source, "expected a JSON object");
   const std::string model_type = string_or(json, "model_type", "", source);
   if (model_type != "qwen2") {
-    fail(source, "model_type is \"" + model_type + "\", expected \"qwen2\" (this driver implements Qwen2 / Qwen2.5)");
+    config_error(source,
+                 "model_type is \"" + model_type + "\", expected \"qwen2\" (this driver implements Qwen2 / Qwen2.5)");
   }
   const std::string activation = string_or(json, "hidden_act", "silu", source);
-  if (activation != "silu") fail(source, "hidden_act is \"" + activation + "\", only \"silu\" is supported");
+  if (activation != "silu") config_error(source, "hidden_act is \"" + activation + "\", only \"silu\" is supported");
   if (bool_or(json, "use_sliding_window", false, source)) {
-    fail(source, "use_sliding_window is true; sliding-window attention is not supported");
+    config_error(source, "use_sliding_window is true; sliding-window attention is not supported");
   }
   if (json.contains("rope_scaling") && !json.at("rope_scaling").is_null()) {
-    fail(source, "rope_scaling is " + json.at("rope_scaling").dump() + "; only plain RoPE is supported");
+    config_error(source, "rope_scaling is " + json.at("rope_scaling").dump() + "; only plain RoPE is supported");
   }
   if (json.contains("layer_types") && json.at("layer_types").is_array()) {
     for (const auto& type : json.at("layer_types")) {
       if (type != "full_attention") {
-        fail(source, "layer_types holds " + type.dump() + "; only \"full_attention\" layers are supported");
+        config_error(source, "layer_types holds " + type.dump() + "; only \"full_attention\" layers are supported");
       }
     }
   }
@@ -117,11 +118,11 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
       config.eos_token_ids.push_back(eos.get<int64_t>());
     } else if (eos.is_array()) {
       for (const auto& id : eos) {
-        if (!id.is_number_integer()) fail(source, "eos_token_id holds " + id.dump() + ", expected integers");
+        if (!id.is_number_integer()) config_error(source, "eos_token_id holds " + id.dump() + ", expected integers");
         config.eos_token_ids.push_back(id.get<int64_t>());
       }
     } else if (!eos.is_null()) {
-      fail(source, "eos_token_id is " + eos.dump() + ", expected an integer or a list of integers");
+      config_error(source, "eos_token_id is " + eos.dump() + ", expected an integer or a list of integers");
     }
   }
   // transformers 5 writes "dtype"; earlier versions "torch_dtype".
@@ -135,7 +136,7 @@ Config Config::from_json(const nlohmann::json& json, const std::string& source) 
 
 void Config::validate(const std::string& source) const {
   auto positive = [&](int64_t value, const char* name) {
-    if (value <= 0) fail(source, std::string(name) + " is " + std::to_string(value) + ", expected > 0");
+    if (value <= 0) config_error(source, std::string(name) + " is " + std::to_string(value) + ", expected > 0");
   };
   positive(vocab_size, "vocab_size");
   positive(hidden_size, "hidden_size");
@@ -145,18 +146,18 @@ void Config::validate(const std::string& source) const {
   positive(num_key_value_heads, "num_key_value_heads");
   positive(max_position_embeddings, "max_position_embeddings");
   if (hidden_size % num_attention_heads != 0) {
-    fail(source, "hidden_size " + std::to_string(hidden_size) + " is not a multiple of num_attention_heads " +
-                     std::to_string(num_attention_heads));
+    config_error(source, "hidden_size " + std::to_string(hidden_size) + " is not a multiple of num_attention_heads " +
+                             std::to_string(num_attention_heads));
   }
   if (head_dim() % 2 != 0) {
-    fail(source, "the head dimension " + std::to_string(head_dim()) + " is odd; RoPE needs pairs");
+    config_error(source, "the head dimension " + std::to_string(head_dim()) + " is odd; RoPE needs pairs");
   }
   if (num_attention_heads % num_key_value_heads != 0) {
-    fail(source, "num_attention_heads " + std::to_string(num_attention_heads) +
-                     " is not a multiple of num_key_value_heads " + std::to_string(num_key_value_heads));
+    config_error(source, "num_attention_heads " + std::to_string(num_attention_heads) +
+                             " is not a multiple of num_key_value_heads " + std::to_string(num_key_value_heads));
   }
-  if (!(rms_norm_eps > 0.0)) fail(source, "rms_norm_eps must be > 0");
-  if (!(rope_theta > 0.0)) fail(source, "rope_theta must be > 0");
+  if (!(rms_norm_eps > 0.0)) config_error(source, "rms_norm_eps must be > 0");
+  if (!(rope_theta > 0.0)) config_error(source, "rope_theta must be > 0");
 }
 
 Config Config::from_file(const std::filesystem::path& path) {
@@ -168,7 +169,7 @@ Config Config::from_file(const std::filesystem::path& path) {
   try {
     json = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& error) {
-    fail(path.string(), "invalid JSON " + json_error_where(error) + ": " + error.what());
+    config_error(path.string(), "invalid JSON " + json_error_where(error) + ": " + error.what());
   }
   return from_json(json, path.string());
 }

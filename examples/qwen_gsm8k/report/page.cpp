@@ -23,8 +23,6 @@ using detail::escape_markup;
 using detail::general;
 using nlohmann::json;
 
-constexpr double kInfinity = std::numeric_limits<double>::infinity();
-
 constexpr const char* kStyle = R"(body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;
 color:#222;background:#f7f7f7;max-width:1340px;margin:2rem auto;padding:0 1rem;line-height:1.4}
 h1{font-size:1.6rem;margin:0 0 .2rem}
@@ -116,7 +114,7 @@ std::string overview(const std::vector<json>& metrics, const std::vector<json>& 
     text = "No training steps recorded";
   } else {
     text = std::to_string(metrics.size()) + (metrics.size() == 1 ? " training step" : " training steps");
-    double first = kInfinity, last = -kInfinity;
+    double first = std::numeric_limits<double>::infinity(), last = -first;
     for (const json& row : metrics) {
       if (const auto step = detail::finite_field(row, "step")) {
         first = std::min(first, *step), last = std::max(last, *step);

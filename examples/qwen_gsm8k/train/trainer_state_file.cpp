@@ -9,7 +9,7 @@
 namespace qwen {
 namespace {
 
-[[noreturn]] void fail(const std::string& source, const std::string& message) {
+[[noreturn]] void state_error(const std::string& source, const std::string& message) {
   throw std::runtime_error(source + ": " + message + " (a damaged checkpoint? resume from an earlier one)");
 }
 
@@ -22,7 +22,7 @@ std::string shown(const nlohmann::json& value) {
 
 const nlohmann::json& field(const nlohmann::json& state, const char* key, const std::string& source) {
   const auto found = state.find(key);
-  if (found == state.end()) fail(source, std::string("field \"") + key + "\" is missing");
+  if (found == state.end()) state_error(source, std::string("field \"") + key + "\" is missing");
   return *found;
 }
 
@@ -35,30 +35,30 @@ uint64_t non_negative_integer(const nlohmann::json& state, const char* key, uint
   } else if (value.is_number_integer() && value.get<int64_t>() >= 0) {
     number = static_cast<uint64_t>(value.get<int64_t>());
   } else {
-    fail(source, std::string("field \"") + key + "\" is " + shown(value) + ", expected an integer >= 0");
+    state_error(source, std::string("field \"") + key + "\" is " + shown(value) + ", expected an integer >= 0");
   }
-  if (number > largest) fail(source, std::string("field \"") + key + "\" is " + shown(value) + ", too large");
+  if (number > largest) state_error(source, std::string("field \"") + key + "\" is " + shown(value) + ", too large");
   return number;
 }
 
 const nlohmann::json& object_field(const nlohmann::json& state, const char* key, const std::string& source) {
   const nlohmann::json& value = field(state, key, source);
   if (!value.is_object())
-    fail(source, std::string("field \"") + key + "\" is " + shown(value) + ", expected an object");
+    state_error(source, std::string("field \"") + key + "\" is " + shown(value) + ", expected an object");
   return value;
 }
 
 }  // namespace
 
 TrainerStateFile parse_trainer_state(std::string_view text, const std::string& source) {
-  if (text.empty()) fail(source, "the file is empty");
+  if (text.empty()) state_error(source, "the file is empty");
   nlohmann::json state;
   try {
     state = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& error) {
-    fail(source, "invalid JSON " + json_error_where(error) + " of " + std::to_string(text.size()));
+    state_error(source, "invalid JSON " + json_error_where(error) + " of " + std::to_string(text.size()));
   }
-  if (!state.is_object()) fail(source, "the top level is " + shown(state) + ", expected a JSON object");
+  if (!state.is_object()) state_error(source, "the top level is " + shown(state) + ", expected a JSON object");
   constexpr auto kInt64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   constexpr auto kSize = static_cast<uint64_t>(std::numeric_limits<std::size_t>::max());
   TrainerStateFile parsed;
