@@ -12,6 +12,6 @@ if [[ $DAPO_TORCHRUN_TEST == required ]]; then
 else
   scripts/setup.sh
 fi
-# Two tests at a time where there are two cores: the consumer projects compile one file each while the trainer tests
-# run (tests that share a resource say so: RESOURCE_LOCK in tests/CMakeLists.txt).
+# As many tests at a time as there are cores (two here: the consumer projects compile one file each while the trainer
+# tests run); tests that share a resource say so (RESOURCE_LOCK in tests/CMakeLists.txt).
 ctest --test-dir "${DAPO_BUILD_DIR:-build}" --output-on-failure --parallel "$(nproc)" "$@"
