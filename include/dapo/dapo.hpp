@@ -2,6 +2,8 @@
 #pragma once
 
 #include "dapo/advantage.hpp"
+#include "dapo/aggregation.hpp"
+#include "dapo/core/trl_loss_type.hpp"
 #include "dapo/kl_penalty.hpp"
 #include "dapo/logprob.hpp"
 #include "dapo/loss.hpp"

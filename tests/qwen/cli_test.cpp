@@ -222,6 +222,34 @@ TEST_CASE("cli: the loss family and the advantage estimators by verl's names") {
   CHECK(dro.find("--dro-beta is 0, expected a finite value > 0 for the dro loss") != std::string::npos);
 }
 
+TEST_CASE("cli: TRL's --loss-type, the KL loss, the entropy term and rollout correction") {
+  TrainInputs inputs;
+  Train train;
+  parse(train.app,
+        plus(inputs.required(), {"--loss-type", "dr_grpo", "--beta", "0.05", "--kl-loss-type", "k3+", "--entropy-coeff",
+                                 "0.001", "--rollout-is", "sequence", "--rollout-is-threshold", "0.5_2.0",
+                                 "--rollout-rs", "token_k1,seq_max_k2", "--rollout-rs-threshold", "1.5"}));
+  const qwen::TrainOptions& o = train.command.options;
+  CHECK(o.loss.mode == dapo::PolicyLossMode::kVanilla);
+  CHECK(o.loss.aggregation == dapo::LossAggregation::kSeqMeanTokenSumNorm);
+  CHECK(o.extras.kl_loss_coef == 0.05);
+  CHECK(o.extras.kl_loss_type == "k3+");
+  CHECK(o.extras.entropy_coeff == 0.001);
+  REQUIRE(o.extras.rollout_is_options().has_value());
+  CHECK(o.extras.rollout_is_options()->level == dapo::RolloutIsLevel::kSequence);
+  CHECK(o.extras.rollout_is_options()->lower == 0.5);
+  CHECK(o.extras.rollout_rs_options().size() == 2);
+  Train sapo;
+  parse(sapo.app, plus(inputs.required(), {"--loss-type", "sapo", "--rollout-is", "none"}));
+  CHECK(sapo.command.options.loss.mode == dapo::PolicyLossMode::kSapo);
+  CHECK(sapo.command.options.loss.aggregation == dapo::LossAggregation::kSeqMeanTokenMean);
+  CHECK_FALSE(sapo.command.options.extras.rollout_correction());
+  const std::string kl = parse_error(plus(inputs.required(), {"--kl-loss-type", "k4"}));
+  INFO(kl);
+  CHECK(kl.find("--kl-loss-type: dapo::parse_kl_penalty: kl_penalty is 'k4'") != std::string::npos);
+  CHECK(parse_error(plus(inputs.required(), {"--loss-type", "vespo"})).find("--loss-type") != std::string::npos);
+}
+
 TEST_CASE("cli: --algo grpo sets defaults; settings given on the command line or in --config win") {
   TrainInputs inputs;
   qwen::TrainOptions grpo;

@@ -247,6 +247,7 @@ TEST_CASE("rollouts survive their exchange between ranks exactly; shares are con
   response.score.overlong = -0.375;
   response.score.total = 2.375;
   response.score.correct = true;
+  response.logprobs = {-0.125f, -3.0e-7f, -17.25f};  // every float exact in the exchange
   group.responses = {response, qwen::Response{}};
   const std::vector<qwen::Group> groups{group, qwen::Group{}};
   const std::vector<double> encoded = qwen::encode_groups(groups);
@@ -263,6 +264,8 @@ TEST_CASE("rollouts survive their exchange between ranks exactly; shares are con
   CHECK(decoded[0].responses[0].truncated);
   CHECK(decoded[0].responses[0].score.parts.mark == 0.25);
   CHECK(decoded[0].responses[0].score.overlong == -0.375);
+  CHECK(decoded[0].responses[0].logprobs == response.logprobs);
+  CHECK(decoded[0].responses[1].logprobs.empty());
   CHECK(decoded[0].responses[0].score.total == 2.375);
   CHECK(decoded[0].responses[0].score.correct);
   CHECK(decoded[1].responses.empty());

@@ -310,6 +310,23 @@ TEST_CASE("train options are checked with the option named") {
   bad = options;
   bad.autocast = torch::kFloat64;
   CHECK(error_of(bad).find("autocast must be bfloat16 or float16") != std::string::npos);
+  bad = options;
+  bad.extras.kl_loss_type = "k4";
+  CHECK(error_of(bad).find("kl_loss_type: dapo::parse_kl_penalty") != std::string::npos);
+  bad = options;
+  bad.extras.kl_loss_coef = -0.1;
+  CHECK(error_of(bad).find("kl_loss_coef must be a finite value >= 0") != std::string::npos);
+  bad = options;
+  bad.extras.rollout_is = "row";
+  CHECK(error_of(bad).find("rollout_is: dapo::parse_rollout_is: rollout_is is 'row'") != std::string::npos);
+  bad = options;
+  bad.extras.rollout_rs = "token_k9";
+  CHECK(error_of(bad).find("rollout_rs: dapo::parse_rollout_rs: rollout_rs option 'token_k9'") != std::string::npos);
+  bad = options;
+  bad.extras.rollout_rs = "token_k1";
+  bad.loss.aggregation = dapo::LossAggregation::kGroupTokenMean;
+  bad.loss.group_size = bad.rollout_n;
+  CHECK(error_of(bad).find("choose another loss_agg_mode") != std::string::npos);
 }
 
 TEST_CASE("--max-new-tokens sets the generation budget, overlong shaping, Dr. GRPO's divisor and the truncated count") {

@@ -92,7 +92,8 @@ void add_demo_command(CLI::App& app, DemoCommand& command) {
                                .tau_pos = &demo.tau_pos,
                                .tau_neg = &demo.tau_neg,
                                .dro_beta = &demo.dro_beta,
-                               .adv_estimator = &demo.adv_estimator});
+                               .adv_estimator = &demo.adv_estimator,
+                               .extras = &demo.extras});
   add_launch_options(*sub, command.launch,
                      "Start this many data-parallel ranks on this machine (Gloo on CPU, NCCL with --device cuda)");
   sub->callback([&command] { check_demo_command(command); });

@@ -2,6 +2,8 @@
 // launcher's entry.
 #include "qwen_gsm8k/cli/options.hpp"
 
+#include <dapo/core/trl_loss_type.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -187,6 +189,20 @@ void add_run_options(CLI::App& command, const RunSettings& s) {
   add_switch(command, "--quiet", *s.quiet, "No progress lines");
 }
 
+namespace {
+
+// A string setting whose empty value (off) is spelled "none" on the command line, in --help and in --print-config.
+CLI::Option* add_optional_name(CLI::App& command, const std::string& names, std::string& value,
+                               const std::string& help) {
+  return command
+      .add_option_function<std::string>(
+          names, [&value](const std::string& given) { value = given == "none" ? std::string() : given; }, help)
+      ->default_function([&value] { return value.empty() ? std::string("none") : value; })
+      ->capture_default_str();
+}
+
+}  // namespace
+
 void add_algorithm_options(CLI::App& command, const AlgorithmSettings& s) {
   std::vector<std::string> losses;
   for (const auto& [mode, name] : dapo::kPolicyLossNames) {
@@ -219,6 +235,29 @@ void add_algorithm_options(CLI::App& command, const AlgorithmSettings& s) {
       ->check(CLI::IsMember(estimators))
       ->default_function([s] { return std::string(dapo::advantage_estimator_name(*s.adv_estimator)); })
       ->capture_default_str();
+  LossExtras& extras = *s.extras;
+  add_setting(command, "--kl-loss-coef,--beta", extras.kl_loss_coef,
+              "Weight of a KL loss against the frozen starting policy, aggregated as the policy loss; 0: none, and no "
+              "reference model is kept (verl actor.kl_loss_coef with use_kl_loss, TRL beta)")
+      ->check(non_negative());
+  add_setting(command, "--kl-loss-type", extras.kl_loss_type,
+              "The KL loss's estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl), each with + for k2's gradient "
+              "(verl actor.kl_loss_type)");
+  add_setting(command, "--entropy-coeff", extras.entropy_coeff,
+              "Minus this times the aggregated entropy joins the loss (verl actor.entropy_coeff)");
+  add_optional_name(command, "--rollout-is", extras.rollout_is,
+                    "Rollout correction's IS weights on the loss, token or sequence level, from the trainer's old "
+                    "log-probs against the sampler's; none: off (verl algorithm.rollout_correction.rollout_is)")
+      ->check(CLI::IsMember({"none", "token", "sequence"}));
+  add_setting(
+      command, "--rollout-is-threshold", extras.rollout_is_threshold,
+      "U truncates the weights at U (TIS); L_U zeroes them outside [L, U] (IcePop) (verl rollout_is_threshold)");
+  add_optional_name(
+      command, "--rollout-rs", extras.rollout_rs,
+      "Rollout rejection, comma separated: token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2, seq_max_k3; "
+      "rejected tokens leave the loss; none: off (verl algorithm.rollout_correction.rollout_rs)");
+  add_setting(command, "--rollout-rs-threshold", extras.rollout_rs_threshold,
+              "The rejection's threshold, one for all options or one per option, U or L_U (verl rollout_rs_threshold)");
 }
 
 void add_train_options(CLI::App& command, TrainOptions& o) {
@@ -256,6 +295,23 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
       ->check(CLI::IsMember(modes))
       ->default_function([&o] { return std::string(dapo::aggregation_name(o.loss.aggregation)); })
       ->capture_default_str();
+  command
+      .add_option_function<std::string>(
+          "--loss-type",
+          [&o](const std::string& name) {
+            // The loss and aggregation TRL's name stands for (dapo::trl_loss_type); the clip stays the --clip-ratio-*
+            // flags' (TRL's cispo cap epsilon_high = E is --clip-ratio-low 1 --clip-ratio-high E-1).
+            const dapo::TrlLossType trl = dapo::trl_loss_type(name, {.epsilon_high = 5.0});
+            o.loss.mode = trl.options.mode;
+            o.loss.aggregation = trl.options.aggregation;
+          },
+          "TRL's loss_type: grpo, bnpo, dr_grpo, dapo, cispo, sapo; sets --policy-loss and --loss-agg-mode as TRL's "
+          "name "
+          "means them (micro-batches still split the mini-batch's loss exactly, where TRL divides each by its own "
+          "count)")
+      ->check(CLI::IsMember({"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"}))
+      ->default_str("(none: --policy-loss and --loss-agg-mode)")
+      ->configurable(false);  // --print-config writes the two settings it stands for
   add_setting(command, "--max-new-tokens,--max-completion-length", o.max_new_tokens,
               "Response budget, L_max (verl data.max_response_length, TRL max_completion_length)")
       ->check(positive());

@@ -53,14 +53,16 @@ struct RunSettings {
 };
 void add_run_options(CLI::App& command, const RunSettings& settings);
 
-// The loss by verl's name and its options, and the advantage estimator (--policy-loss, --tau-pos, --tau-neg,
-// --dro-beta, --adv-estimator), on `demo` and `train`.
+// The loss by verl's name and its options, the advantage estimator, and what verl adds to the loss (--policy-loss,
+// --tau-pos, --tau-neg, --dro-beta, --adv-estimator, --kl-loss-coef, --kl-loss-type, --entropy-coeff, --rollout-is,
+// --rollout-is-threshold, --rollout-rs, --rollout-rs-threshold), on `demo` and `train`.
 struct AlgorithmSettings {
   dapo::PolicyLossMode* mode = nullptr;
   double* tau_pos = nullptr;
   double* tau_neg = nullptr;
   double* dro_beta = nullptr;
   dapo::AdvantageEstimator* adv_estimator = nullptr;
+  LossExtras* extras = nullptr;
 };
 void add_algorithm_options(CLI::App& command, const AlgorithmSettings& settings);
 

@@ -135,7 +135,8 @@ void add_train_command(CLI::App& app, TrainCommand& command) {
                                .tau_pos = &o.loss.tau_pos,
                                .tau_neg = &o.loss.tau_neg,
                                .dro_beta = &o.loss.dro_beta,
-                               .adv_estimator = &o.adv_estimator});
+                               .adv_estimator = &o.adv_estimator,
+                               .extras = &o.extras});
   add_launch_options(*sub, command.launch,
                      "Start this many data-parallel ranks on this machine (or use torchrun-style RANK, WORLD_SIZE, "
                      "LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");

@@ -232,6 +232,7 @@ TrainOptions demo_train_options(const DemoOptions& options) {
     train.loss.clip_low = 1.0;
   }
   train.adv_estimator = options.adv_estimator;
+  train.extras = options.extras;
   return train;
 }
 

@@ -59,6 +59,7 @@ struct DemoOptions {
   dapo::PolicyLossMode policy_loss = dapo::PolicyLossMode::kVanilla;
   double tau_pos = 1.0, tau_neg = 1.05, dro_beta = 0.0;
   dapo::AdvantageEstimator adv_estimator = dapo::AdvantageEstimator::kGrpo;
+  LossExtras extras;  // KL loss, entropy term, rollout correction: as TrainOptions' (all off)
   // Polled after each warm-start update and each RL step (see Trainer::set_stop_request); once true on any rank,
   // the demo ends there: during the warm start with nothing saved, during RL with a checkpoint. Empty: never stops.
   std::function<bool()> stop_request;

@@ -77,6 +77,25 @@ TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_siz
   }
   TrainBatch batch;
   batch.padded = pad_rows(rows, pad_id);
+  bool recorded = true;
+  for (const auto& group : groups) {
+    for (const auto& response : group.responses) recorded = recorded && response.logprobs.size() == response.ids.size();
+  }
+  if (recorded) {  // response token k of a row sits at prompt_length + k, predicted from position prompt_length + k - 1
+    batch.rollout_logp = torch::zeros(batch.padded.loss_mask.sizes(), torch::kFloat32);
+    int64_t row = 0;
+    for (const auto& group : groups) {
+      for (const auto& response : group.responses) {
+        const auto count = static_cast<int64_t>(response.logprobs.size());
+        if (count > 0) {
+          batch.rollout_logp[row]
+              .narrow(0, static_cast<int64_t>(group.prompt.size()) - 1, count)
+              .copy_(torch::tensor(response.logprobs, torch::kFloat32));
+        }
+        ++row;
+      }
+    }
+  }
   batch.groups = static_cast<int64_t>(groups.size());
   batch.group_size = group_size;
   batch.advantages = (estimator == dapo::AdvantageEstimator::kGrpo
@@ -88,7 +107,7 @@ TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_siz
 
 torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
                               const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                              const LogprobOptions& options, double* entropy_sum) {
+                              const LogprobOptions& options, double* entropy_sum, torch::Tensor* entropy) {
   const auto device = model->lm_head_weight().device();
   const torch::Tensor ids = input_ids.to(device), mask = attention_mask.to(device), targets_mask = loss_mask.to(device);
   torch::Tensor hidden;
@@ -104,18 +123,24 @@ torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& inpu
     lm_head = lm_head.to(*options.autocast);
   }
   const torch::Tensor targets = ids.narrow(1, 1, steps).index({targets_mask});  // [N]
-  const auto out = dapo::linear_logprobs(
-      selected, lm_head, targets,
-      {.chunk_size = options.chunk_size, .temperature = options.temperature, .with_entropy = entropy_sum != nullptr});
-  if (entropy_sum != nullptr) *entropy_sum += out.entropy.sum().item<double>();
+  const auto out = dapo::linear_logprobs(selected, lm_head, targets,
+                                         {.chunk_size = options.chunk_size,
+                                          .temperature = options.temperature,
+                                          .with_entropy = entropy_sum != nullptr || entropy != nullptr});
+  if (entropy_sum != nullptr) *entropy_sum += out.entropy.detach().sum().item<double>();
+  if (entropy != nullptr) *entropy = out.entropy;
   return out.logp;
 }
 
 torch::Tensor response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
                                 const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                const LogprobOptions& options, double* entropy_sum) {
-  const torch::Tensor logp = target_logprobs(model, input_ids, attention_mask, loss_mask, options, entropy_sum);
+                                const LogprobOptions& options, double* entropy_sum, torch::Tensor* entropy) {
+  const torch::Tensor logp =
+      target_logprobs(model, input_ids, attention_mask, loss_mask, options, entropy_sum, entropy);
   const torch::Tensor targets_mask = loss_mask.to(logp.device());
+  if (entropy != nullptr) {
+    *entropy = torch::zeros(targets_mask.sizes(), entropy->options()).masked_scatter(targets_mask, *entropy);
+  }
   return torch::zeros(targets_mask.sizes(), logp.options()).masked_scatter(targets_mask, logp);
 }
 

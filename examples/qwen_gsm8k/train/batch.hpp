@@ -39,6 +39,12 @@ struct TrainBatch {
   torch::Tensor advantages;  // [B] float32
   torch::Tensor old_logp;    // [B, L - 1] float32 (float64 for a float64 model), 0 outside loss_mask; set by the update
   int64_t groups = 0, group_size = 0;
+  // [B, L - 1] float32: the sampler's log-probs of the response tokens (Response::logprobs), 0 elsewhere; undefined
+  // when a response has none (rollouts given by a test).
+  torch::Tensor rollout_logp = {};
+  // Set by the update when asked for: the reference policy's log-probs (a KL loss) [B, L - 1], as old_logp; rollout
+  // correction's IS weights [B, L - 1] float32 (undefined: none).
+  torch::Tensor ref_logp = {}, is_weights = {};
 };
 
 // mask_truncated: truncated responses stay in the batch (they count in their group's advantages) but out of the loss.
@@ -55,15 +61,18 @@ struct LogprobOptions {
 };
 
 // Log-probs of the loss_mask targets under the model, [N] in loss_mask's row-major order, on the model's device; with
-// grad when grad mode is on. entropy_sum, when given, adds up the entropy at those positions.
+// grad when grad mode is on. entropy_sum, when given, adds up the entropy at those positions; entropy, when given,
+// receives it per target [N] (with grad when grad mode is on: an entropy term of the loss).
 torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,  // [B, L]
                               const torch::Tensor& attention_mask,                      // [B, L]
                               const torch::Tensor& loss_mask,                           // [B, L - 1]
-                              const LogprobOptions& options, double* entropy_sum = nullptr);
+                              const LogprobOptions& options, double* entropy_sum = nullptr,
+                              torch::Tensor* entropy = nullptr);
 
-// The same, scattered back to [B, L - 1] with 0 outside loss_mask.
+// The same, scattered back to [B, L - 1] with 0 outside loss_mask (entropy too).
 torch::Tensor response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
                                 const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                const LogprobOptions& options, double* entropy_sum = nullptr);
+                                const LogprobOptions& options, double* entropy_sum = nullptr,
+                                torch::Tensor* entropy = nullptr);
 
 }  // namespace qwen

@@ -36,12 +36,16 @@ std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, 
     const std::vector<std::vector<int64_t>> batch(prompts.begin() + start, prompts.begin() + start + count);
     const GenerationOutput out = generate(model, batch, generation);
     const torch::Tensor tokens = out.tokens.cpu(), lengths = out.lengths.cpu(), truncated = out.truncated.cpu();
+    const torch::Tensor logprobs = out.logprobs.defined() ? out.logprobs.cpu().contiguous() : torch::Tensor();
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = start + i;
       Response response;
       const int64_t length = lengths[i].item<int64_t>();
       response.ids.assign(tokens[i].data_ptr<int64_t>(), tokens[i].data_ptr<int64_t>() + length);
       response.truncated = truncated[i].item<bool>();
+      if (logprobs.defined()) {
+        response.logprobs.assign(logprobs[i].data_ptr<float>(), logprobs[i].data_ptr<float>() + length);
+      }
       // The model's vocabulary is padded past the tokenizer's (Qwen2.5: 151936 rows, 151665 tokens); a sampled
       // padding id has no text, as in Hugging Face's decode, but stays in ids, where the loss sees it.
       std::vector<int32_t> ids32;
@@ -70,6 +74,7 @@ int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, cons
   RolloutOptions greedy = options;
   greedy.group_size = 1;
   greedy.generation.sampling = {.temperature = 0.0};
+  greedy.generation.return_logprobs = false;
   int64_t correct = 0;
   for (const auto& group : rollout(model, tokenizer, problems, greedy, 0, nullptr, on_chunk))
     correct += group.responses[0].score.correct;
@@ -88,6 +93,10 @@ class Writer {
   void ids(const std::vector<int64_t>& value) {
     number(static_cast<double>(value.size()));
     for (const int64_t id : value) number(static_cast<double>(id));
+  }
+  void floats(const std::vector<float>& value) {  // every float is exact in a double
+    number(static_cast<double>(value.size()));
+    for (const float x : value) number(static_cast<double>(x));
   }
   std::vector<double> take() { return std::move(out_); }
 
@@ -120,6 +129,11 @@ class Reader {
   std::vector<int64_t> ids() {
     std::vector<int64_t> value(size());
     for (auto& id : value) id = integer();
+    return value;
+  }
+  std::vector<float> floats() {
+    std::vector<float> value(size());
+    for (auto& x : value) x = static_cast<float>(number());
     return value;
   }
   bool done() const { return position_ == count_; }
@@ -155,6 +169,7 @@ std::vector<double> encode_groups(const std::vector<Group>& groups) {
         out.number(value);
       }
       out.number(score.correct);
+      out.floats(response.logprobs);
     }
   }
   return out.take();
@@ -187,6 +202,7 @@ std::vector<Group> decode_groups(const double* values, std::size_t count) {
       score.overlong = in.number();
       score.total = in.number();
       score.correct = in.integer() != 0;
+      response.logprobs = in.floats();
     }
   }
   if (!in.done())

@@ -30,6 +30,9 @@ struct Response {
   std::string text;          // decoded, special tokens removed
   bool truncated = false;    // hit max_new_tokens without a stop token
   ResponseScore score;
+  // The sampler's log p of each of ids (GenerationOutput::logprobs): verl's rollout_log_probs, what rollout correction
+  // compares the trainer's log-probs with. Empty when the rollout did not record them (greedy evaluation, tests).
+  std::vector<float> logprobs;
 };
 
 struct Group {

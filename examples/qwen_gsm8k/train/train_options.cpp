@@ -2,7 +2,10 @@
 #include "qwen_gsm8k/train/train_options.hpp"
 
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <stdexcept>
+#include <utility>
 
 #include "qwen_gsm8k/logging/metric_log.hpp"
 
@@ -63,6 +66,10 @@ void TrainOptions::validate() const {
           "autocast must be bfloat16 or float16 (or off)");
   sampling.validate();
   dapo::check_policy_loss_options(loss, ppo_mini_batch_size * rollout_n, "train options");
+  extras.check();
+  require(extras.rollout_rs.empty() || loss.aggregation != dapo::LossAggregation::kGroupTokenMean,
+          "rollout_rs can reject every token of a group, and group-token-mean divides by a group's tokens: choose "
+          "another loss_agg_mode");
   require(loss.mode != dapo::PolicyLossMode::kKlCov && loss.mode != dapo::PolicyLossMode::kClipCov,
           "policy loss " + std::string(dapo::policy_loss_name(loss.mode)) +
               " is not available in the driver: it chooses tokens among one call's own, and the trainer computes "
@@ -89,6 +96,13 @@ nlohmann::json TrainOptions::to_json() const {
           {"tau_pos", loss.tau_pos},
           {"tau_neg", loss.tau_neg},
           {"dro_beta", loss.dro_beta},
+          {"kl_loss_coef", extras.kl_loss_coef},
+          {"kl_loss_type", extras.kl_loss_type},
+          {"entropy_coeff", extras.entropy_coeff},
+          {"rollout_is", extras.rollout_is},
+          {"rollout_is_threshold", extras.rollout_is_threshold},
+          {"rollout_rs", extras.rollout_rs},
+          {"rollout_rs_threshold", extras.rollout_rs_threshold},
           {"norm_adv_by_std", advantage.scale_by_std},
           {"adv_estimator", dapo::advantage_estimator_name(adv_estimator).data()},
           {"max_new_tokens", max_new_tokens},
@@ -125,6 +139,34 @@ LrSchedule TrainOptions::lr_schedule() const {
           .total_updates = total_steps * (train_batch_size / ppo_mini_batch_size * ppo_epochs)};
 }
 
+void LossExtras::check() const {
+  const auto require = [](bool condition, const std::string& message) {
+    if (!condition) throw std::invalid_argument("train options: " + message);
+  };
+  require(std::isfinite(kl_loss_coef) && kl_loss_coef >= 0.0, "kl_loss_coef must be a finite value >= 0");
+  require(std::isfinite(entropy_coeff), "entropy_coeff must be finite");
+  for (const auto& [name, parse] : std::initializer_list<std::pair<const char*, std::function<void()>>>{
+           {"kl_loss_type", [&] { dapo::parse_kl_penalty(kl_loss_type); }},
+           {"rollout_is", [&] { rollout_is_options(); }},
+           {"rollout_rs", [&] { rollout_rs_options(); }}}) {
+    try {
+      parse();
+    } catch (const std::invalid_argument& error) {
+      require(false, std::string(name) + ": " + error.what());
+    }
+  }
+}
+
+std::optional<dapo::RolloutIsOptions> LossExtras::rollout_is_options() const {
+  if (rollout_is.empty()) return std::nullopt;
+  return dapo::parse_rollout_is(rollout_is, rollout_is_threshold);
+}
+
+std::vector<dapo::RolloutRsOption> LossExtras::rollout_rs_options() const {
+  if (rollout_rs.empty()) return {};
+  return dapo::parse_rollout_rs(rollout_rs, rollout_rs_threshold);
+}
+
 RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tokenizer) {
   RolloutOptions rollout;
   rollout.group_size = options.rollout_n;
@@ -132,6 +174,7 @@ RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tok
   rollout.generation.max_new_tokens = budget.generation_tokens;
   rollout.generation.sampling = options.sampling;
   rollout.generation.pad_id = tokenizer.pad_token_id().value_or(0);
+  rollout.generation.return_logprobs = true;  // the rollout's log-probs: rollout correction and its metrics
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"}) {
     if (const auto id = tokenizer.token_to_id(stop)) rollout.generation.stop_ids.push_back(*id);
   }

@@ -4,7 +4,9 @@
 
 #include <dapo/core/advantage.hpp>
 #include <dapo/core/advantage_estimator.hpp>
+#include <dapo/core/kl_penalty.hpp>
 #include <dapo/core/policy_loss_options.hpp>
+#include <dapo/core/rollout_correction.hpp>
 
 #include <torch/types.h>
 
@@ -26,6 +28,29 @@ namespace qwen {
 
 enum class Algorithm { kDapo, kGrpo };
 
+// What verl adds to the policy loss, by its names (all off by default), for `train` and `demo` alike.
+struct LossExtras {
+  // A KL loss against the frozen starting policy (verl actor.use_kl_loss, TRL beta): kl_loss_coef times the estimate
+  // kl_loss_type (verl's names: low_var_kl, k1, k2, k3+, ...) aggregated as the policy loss is. 0: no KL loss and no
+  // reference model.
+  double kl_loss_coef = 0.0;                // actor.kl_loss_coef
+  std::string kl_loss_type = "low_var_kl";  // actor.kl_loss_type
+  double entropy_coeff = 0.0;  // actor.entropy_coeff: minus this times the aggregated entropy joins the loss
+  // Rollout correction (verl algorithm.rollout_correction), from the trainer's old log-probs against the sampler's:
+  // IS weights on the policy loss ("token" or "sequence"; threshold "U" truncates, "L_U" is IcePop's band) and
+  // rejection of tokens or responses (e.g. "token_k1", "seq_mean_k3", comma separated). Empty: off.
+  std::string rollout_is;                    // rollout_is
+  std::string rollout_is_threshold = "2.0";  // rollout_is_threshold
+  std::string rollout_rs;                    // rollout_rs
+  std::string rollout_rs_threshold = "2.0";  // rollout_rs_threshold (one for all, or one per option)
+
+  // The parsed rollout correction (nullopt / empty when off); check() has checked them.
+  std::optional<dapo::RolloutIsOptions> rollout_is_options() const;
+  std::vector<dapo::RolloutRsOption> rollout_rs_options() const;
+  bool rollout_correction() const { return !rollout_is.empty() || !rollout_rs.empty(); }
+  void check() const;  // throws std::invalid_argument naming the option
+};
+
 // Defaults from the DAPO paper where the seed project has none; the verl name of each knob is in the CLI help.
 struct TrainOptions {
   Algorithm algorithm = Algorithm::kDapo;
@@ -44,6 +69,7 @@ struct TrainOptions {
   // algorithm.adv_estimator: grpo is group_advantages (DAPO Eq. 9); the others dapo::core::estimate_advantages over
   // each step's groups (outcome rewards, no discount: every estimator gives one value per response).
   dapo::AdvantageEstimator adv_estimator = dapo::AdvantageEstimator::kGrpo;
+  LossExtras extras;             // KL loss, entropy term, rollout correction
   RewardOptions rewards;         // reward_model.overlong_buffer.len / .penalty_factor (max_length: response_budget)
   int64_t max_new_tokens = 512;  // data.max_response_length
   SamplingOptions sampling;      // actor_rollout_ref.rollout.temperature / top_p / top_k (temperature 1.0)

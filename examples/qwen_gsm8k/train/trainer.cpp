@@ -38,6 +38,20 @@ std::string format_duration(double seconds) {
   return text;
 }
 
+// A frozen copy of the model (same device and dtypes, no grad, eval mode): the reference policy of a KL loss.
+Qwen2ForCausalLM frozen_copy(const Qwen2ForCausalLM& model) {
+  Qwen2ForCausalLM copy(model->config());
+  torch::NoGradGuard no_grad;
+  const auto copy_from = [](const auto& sources, const auto& targets) {
+    for (const auto& item : targets) item.value().set_data(sources[item.key()].detach().clone());
+  };
+  copy_from(model->named_parameters(), copy->named_parameters());
+  copy_from(model->named_buffers(), copy->named_buffers());
+  for (auto& parameter : copy->parameters()) parameter.requires_grad_(false);
+  copy->eval();
+  return copy;
+}
+
 }  // namespace
 
 nlohmann::json EvalResult::to_json() const {
@@ -71,6 +85,7 @@ Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Proble
     communicator_->broadcast(state);
   }
   rollout_options_ = rollout_options(options_, tokenizer_);
+  if (options_.extras.kl_loss_coef > 0.0) reference_ = frozen_copy(model_);  // after the broadcast: rank 0's weights
   optimizer_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(options_.lr)
                                                                                .betas({options_.beta1, options_.beta2})
                                                                                .weight_decay(options_.weight_decay));
@@ -83,7 +98,7 @@ nlohmann::json Trainer::step() {
   const std::vector<Group> groups = collect_groups(metrics);
   TrainBatch batch = build_train_batch(groups, options_.rollout_n, rollout_options_.generation.pad_id,
                                        options_.mask_truncated, options_.advantage, options_.adv_estimator);
-  PolicyUpdate update{model_, *optimizer_, *communicator_, options_};
+  PolicyUpdate update{model_, *optimizer_, *communicator_, options_, reference_.is_empty() ? nullptr : &reference_};
   const UpdateMetrics out = update.run(batch, updates_);
   add_batch_metrics(metrics, groups, batch, response_budget(options_).truncated_at);
   add_update_metrics(metrics, out);

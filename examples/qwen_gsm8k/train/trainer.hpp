@@ -103,6 +103,9 @@ class Trainer {
   void evaluate_and_report(bool with_count);
 
   Qwen2ForCausalLM model_;
+  // The frozen starting policy of a KL loss (options.kl_loss_coef > 0): a copy of the model as the trainer received it
+  // (after a resume, still the starting weights: resume loads the checkpoint into model_ only). Empty otherwise.
+  Qwen2ForCausalLM reference_{nullptr};
   Tokenizer tokenizer_;
   std::vector<Problem> train_, test_;
   TrainOptions options_;

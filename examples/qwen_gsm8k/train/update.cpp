@@ -1,7 +1,10 @@
 // The policy update of a step: old log-probs, mini-batch updates, the step's update metrics.
 #include "qwen_gsm8k/train/update.hpp"
 
+#include <dapo/aggregation.hpp>
+#include <dapo/kl_penalty.hpp>
 #include <dapo/loss.hpp>
+#include <dapo/rollout_correction.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +15,8 @@ namespace qwen {
 
 // This rank's parts of the step's sums, all-reduced at the end.
 struct PolicyUpdate::Sums {
-  double dual_clipped = 0, kl = 0, loss = 0, grad_norm = 0, entropy = 0, lr = 0;
+  double dual_clipped = 0, kl = 0, loss = 0, grad_norm = 0, entropy = 0, lr = 0, kl_loss = 0;
+  double entropy_tokens = 0;                                // the loss tokens the old policy's entropy was taken on
   int64_t skipped = 0;                                      // updates whose gradient norm was not finite
   std::vector<double> clipped_by_update, tokens_by_update;  // clipped tokens and all tokens, per update
   // The entropy of each micro-batch under the old policy, in plan order (the first mini-batch's come from its first
@@ -49,14 +53,15 @@ LogprobOptions PolicyUpdate::logprob_options() const {
 // changed the weights before the first update, so its own forward gives those log-probs (update_mini_batch). The
 // forward with and without grad is the same arithmetic (the tests check the log-probs are bitwise equal), so the
 // first update's ratio is exactly 1 either way; this saves one forward of every step's batch.
-void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, Sums& sums) {
+void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, bool first_too,
+                                        Sums& sums) {
   // linear_logprobs computes in float32 for float32 and half-precision weights, in float64 for float64 ones.
   const bool float64 = model->lm_head_weight().scalar_type() == torch::kFloat64;
   const PaddedBatch& padded = batch.padded;
   batch.old_logp = torch::zeros(padded.loss_mask.sizes(), float64 ? torch::kFloat64 : torch::kFloat32);
   sums.entropy_by_micro_batch.assign(plan.size(), {});
   torch::NoGradGuard no_grad;
-  for (std::size_t m = 1; m < plan.size(); ++m) {
+  for (std::size_t m = first_too ? 0 : 1; m < plan.size(); ++m) {
     for (const MicroBatch& micro : plan[m].micro_batches) {
       double entropy = 0.0;
       const torch::Tensor logp =
@@ -70,6 +75,67 @@ void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<Min
   }
 }
 
+// The reference policy's log-probs of this rank's rows, without grad, for the KL loss.
+void PolicyUpdate::compute_ref_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan) {
+  const PaddedBatch& padded = batch.padded;
+  batch.ref_logp = torch::zeros(padded.loss_mask.sizes(), batch.old_logp.scalar_type());
+  torch::NoGradGuard no_grad;
+  for (const MiniBatch& mini : plan) {
+    for (const MicroBatch& micro : mini.micro_batches) {
+      const auto rows = [&](const torch::Tensor& tensor) { return tensor.narrow(0, micro.first_row, micro.rows); };
+      const torch::Tensor logp =
+          response_logprobs(*reference, rows(padded.input_ids).narrow(1, 0, micro.length),
+                            rows(padded.attention_mask).narrow(1, 0, micro.length),
+                            rows(padded.loss_mask).narrow(1, 0, micro.length - 1), logprob_options());
+      rows(batch.ref_logp).narrow(1, 0, micro.length - 1).copy_(logp.cpu());
+    }
+  }
+}
+
+// Every rank computed the old log-probs of its own rows (0 elsewhere): their sum is the whole batch's.
+void PolicyUpdate::gather_old_logprobs(TrainBatch& batch) const {
+  if (communicator.world_size() == 1) return;
+  const torch::Tensor local = batch.old_logp.to(torch::kFloat64).contiguous();
+  const std::vector<double> summed = communicator.all_reduce_sum(
+      std::vector<double>(local.data_ptr<double>(), local.data_ptr<double>() + local.numel()));
+  batch.old_logp.copy_(torch::tensor(summed, torch::kFloat64).view(local.sizes()));
+}
+
+// Rollout correction over the whole batch (every rank the same): IS weights into batch.is_weights, rejection into the
+// loss mask. Returns verl's rollout_corr/ metrics.
+std::map<std::string, double> PolicyUpdate::correct_rollouts(TrainBatch& batch) const {
+  if (!batch.rollout_logp.defined()) {
+    throw std::invalid_argument(
+        "rollout correction: the rollouts carry no log-probs (rollout_is, rollout_rs need them)");
+  }
+  const torch::Tensor mask = batch.padded.loss_mask.to(torch::kFloat64);
+  const torch::Tensor log_ratio = (batch.old_logp.to(torch::kFloat64) - batch.rollout_logp.to(torch::kFloat64)) * mask;
+  std::map<std::string, double> metrics;
+  if (const auto is = options.extras.rollout_is_options()) {
+    dapo::RolloutCorrection out = dapo::rollout_is_weights(log_ratio, mask, *is);
+    batch.is_weights = out.values.to(batch.old_logp.scalar_type());
+    metrics.merge(out.metrics);
+  }
+  if (const auto rs = options.extras.rollout_rs_options(); !rs.empty()) {
+    dapo::RolloutCorrection out = dapo::rollout_rejection_mask(log_ratio, mask, rs);
+    batch.padded.loss_mask = batch.padded.loss_mask & (out.values > 0.5);
+    metrics.merge(out.metrics);
+  }
+  return metrics;
+}
+
+// verl's training/rollout_probs_diff_max|mean|std over the loss tokens; old_logp is the whole batch's.
+std::optional<std::array<double, 3>> PolicyUpdate::rollout_probs_diff(const TrainBatch& batch) const {
+  if (!batch.rollout_logp.defined()) return std::nullopt;
+  const torch::Tensor mask = batch.padded.loss_mask;
+  const torch::Tensor diff = (batch.old_logp.to(torch::kFloat64).exp() - batch.rollout_logp.to(torch::kFloat64).exp())
+                                 .abs()
+                                 .masked_select(mask);
+  if (diff.numel() == 0) return std::array<double, 3>{0.0, 0.0, 0.0};
+  return std::array<double, 3>{diff.max().item<double>(), diff.mean().item<double>(),
+                               diff.numel() > 1 ? diff.std().item<double>() : 0.0};
+}
+
 // One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step. The step's
 // first update (`first`) also records its forward's log-probs as the mini-batch's old ones, and their entropy.
 void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums) {
@@ -79,26 +145,47 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   // Dr. GRPO's constant divisor is the generation budget (TRL: max_completion_length), not a padded width.
   loss_options.norm_length = response_budget(options).norm_length;
   const dapo::PolicyLossOptions share_options = dapo::micro_batch_options(loss_options, mini.counts);
+  // The KL and entropy terms' aggregation: the token-level losses' (geo_mean's mean over rows has no token weights).
+  dapo::PolicyLossOptions token_options = loss_options;
+  token_options.mode = dapo::PolicyLossMode::kVanilla;
+  const dapo::PolicyLossOptions term_options = dapo::micro_batch_options(token_options, mini.counts);
+  const bool kl_loss = options.extras.kl_loss_coef > 0.0, entropy_term = options.extras.entropy_coeff != 0.0;
+  const dapo::KlPenalty penalty = dapo::parse_kl_penalty(options.extras.kl_loss_type);
   optimizer.zero_grad();
-  double loss = 0, clipped = 0;
+  double loss = 0, clipped = 0, kl_sum = 0;
   std::vector<double> dual_clipped,
       kl;  // per micro-batch, added to the step's sums (in order) if the update is applied
   for (const MicroBatch& micro : mini.micro_batches) {
     const auto rows = [&](const torch::Tensor& tensor) { return tensor.narrow(0, micro.first_row, micro.rows); };
     const torch::Tensor mask = rows(padded.loss_mask).narrow(1, 0, micro.length - 1);
     double entropy = 0.0;
-    const torch::Tensor logp = response_logprobs(model, rows(padded.input_ids).narrow(1, 0, micro.length),
-                                                 rows(padded.attention_mask).narrow(1, 0, micro.length), mask,
-                                                 logprob_options(), first ? &entropy : nullptr);
+    torch::Tensor token_entropy;
+    const torch::Tensor logp =
+        response_logprobs(model, rows(padded.input_ids).narrow(1, 0, micro.length),
+                          rows(padded.attention_mask).narrow(1, 0, micro.length), mask, logprob_options(),
+                          first ? &entropy : nullptr, entropy_term ? &token_entropy : nullptr);
     const torch::Tensor old_logp = rows(batch.old_logp).narrow(1, 0, micro.length - 1);
     if (first) {
       old_logp.copy_(logp.detach().cpu());
       sums.entropy_by_micro_batch.front().push_back(entropy);
     }
     const auto device = logp.device();
-    const auto out =
-        dapo::policy_loss(logp, old_logp.to(device), rows(batch.advantages).to(device), mask.to(device), share_options);
-    out.loss.backward();
+    const torch::Tensor weights =
+        batch.is_weights.defined() ? rows(batch.is_weights).narrow(1, 0, micro.length - 1).to(device) : torch::Tensor();
+    const auto out = dapo::policy_loss(logp, old_logp.to(device), rows(batch.advantages).to(device), mask.to(device),
+                                       share_options, weights);
+    torch::Tensor total = out.loss;
+    if (kl_loss || entropy_term) {
+      const torch::Tensor term_weights = dapo::aggregation_weights(mask, term_options, logp.scalar_type()).to(device);
+      if (kl_loss) {
+        const torch::Tensor ref_logp = rows(batch.ref_logp).narrow(1, 0, micro.length - 1).to(device);
+        const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, ref_logp, penalty)).sum();
+        kl_sum += kl.item<double>();
+        total = total + options.extras.kl_loss_coef * kl;
+      }
+      if (entropy_term) total = total - options.extras.entropy_coeff * (term_weights * token_entropy).sum();
+    }
+    total.backward();
     const double micro_tokens = mask.sum().item<double>();
     loss += out.loss.item<double>();
     clipped += out.clip_fraction.item<double>() * micro_tokens;
@@ -121,6 +208,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   optimizer.step();
   sums.loss += loss;
+  sums.kl_loss += kl_sum;
   sums.grad_norm += grad_norm;
   for (const double value : dual_clipped) sums.dual_clipped += value;
   for (const double value : kl) sums.kl += value;
@@ -131,10 +219,11 @@ UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
   for (const auto& mini : sums.entropy_by_micro_batch) {
     for (const double entropy : mini) sums.entropy += entropy;
   }
-  std::vector<double> totals{sums.dual_clipped, sums.kl, sums.loss, sums.entropy};
+  std::vector<double> totals{sums.dual_clipped, sums.kl, sums.loss, sums.entropy, sums.kl_loss};
+  constexpr std::ptrdiff_t kFixed = 5;
   totals.insert(totals.end(), sums.clipped_by_update.begin(), sums.clipped_by_update.end());
   totals = communicator.all_reduce_sum(totals);
-  std::copy(totals.begin() + 4, totals.end(), sums.clipped_by_update.begin());
+  std::copy(totals.begin() + kFixed, totals.end(), sums.clipped_by_update.begin());
   const double clipped = std::accumulate(sums.clipped_by_update.begin(), sums.clipped_by_update.end(), 0.0);
   const double total_tokens = batch.padded.loss_mask.sum().item<double>();
   const auto updates = static_cast<double>(sums.clipped_by_update.size());
@@ -150,7 +239,8 @@ UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
     const double tokens = sums.tokens_by_update[i];
     metrics.clip_fraction_by_update.push_back(tokens > 0 ? sums.clipped_by_update[i] / tokens : 0.0);
   }
-  metrics.entropy = total_tokens > 0 ? totals[3] / total_tokens : 0.0;
+  metrics.entropy = sums.entropy_tokens > 0 ? totals[3] / sums.entropy_tokens : 0.0;
+  if (options.extras.kl_loss_coef > 0.0) metrics.kl_loss = totals[4] / applied;
   metrics.grad_norm = sums.grad_norm / applied;
   metrics.skipped_updates = sums.skipped;
   metrics.lr = sums.lr;
@@ -167,14 +257,38 @@ UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
   torch::AutoGradMode enable_grad(true);  // whatever the caller's mode: the updates need gradients
   model->train();
   Sums sums;
-  compute_old_logprobs(batch, plan, sums);
+  sums.entropy_tokens = batch.padded.loss_mask.sum().item<double>();
+  const bool correct = options.extras.rollout_correction();
+  compute_old_logprobs(batch, plan, /*first_too=*/correct, sums);
+  if (options.extras.kl_loss_coef > 0.0) {
+    if (reference == nullptr) throw std::logic_error("policy update: kl_loss_coef > 0 needs a reference model");
+    compute_ref_logprobs(batch, plan);
+  }
+  std::optional<std::array<double, 3>> probs_diff;
+  std::map<std::string, double> correction;
+  std::vector<MiniBatch> corrected_plan;
+  if (correct) {
+    gather_old_logprobs(batch);
+    probs_diff = rollout_probs_diff(batch);  // over the response tokens, before rejection
+    correction = correct_rollouts(batch);
+    // The rejection changed the loss mask: count the mini-batches again (the slices stay).
+    corrected_plan = plan_mini_batches(batch, mini_groups, micro_groups, own_begin, own_end);
+  }
+  const std::vector<MiniBatch>& updates_plan = correct ? corrected_plan : plan;
   const LrSchedule schedule = options.lr_schedule();
   for (int64_t epoch = 0; epoch < options.ppo_epochs; ++epoch) {
-    for (std::size_t m = 0; m < plan.size(); ++m) {
-      update_mini_batch(batch, plan[m], learning_rate(schedule, updates++), epoch == 0 && m == 0, sums);
+    for (std::size_t m = 0; m < updates_plan.size(); ++m) {
+      update_mini_batch(batch, updates_plan[m], learning_rate(schedule, updates++), !correct && epoch == 0 && m == 0,
+                        sums);
     }
   }
   UpdateMetrics metrics = reduce(batch, sums);
+  if (!correct) {
+    gather_old_logprobs(batch);
+    probs_diff = rollout_probs_diff(batch);
+  }
+  metrics.rollout_probs_diff = probs_diff;
+  metrics.rollout_correction = std::move(correction);
   metrics.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   metrics.tokens_per_second = batch.padded.attention_mask.sum().item<double>() *
                               static_cast<double>(options.ppo_epochs + 1) / std::max(metrics.seconds, 1e-9);

@@ -6,6 +6,11 @@
 // data-parallel ranks each take a contiguous share of every mini-batch's groups and sum their gradients, which gives
 // the single-process gradient.
 //
+// Beside the policy loss, each update may add a KL loss against a frozen reference policy and an entropy term, both
+// aggregated as the policy loss is (dapo::aggregation_weights). With rollout correction on, every mini-batch's old
+// log-probs are computed before the first update (as verl does: the IS weights and the rejection mask are functions of
+// the whole batch's), rejection narrows the loss mask, and the weights go to the loss as its per-token weights.
+//
 // Shapes: B = rows of the step's batch (groups * group_size), L = its longest row; see batch.hpp.
 #pragma once
 
@@ -13,7 +18,11 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "qwen_gsm8k/dist/distributed.hpp"
@@ -48,6 +57,11 @@ struct UpdateMetrics {
   int64_t skipped_updates = 0;                    // updates skipped for a non-finite gradient norm (weights untouched)
   double lr = 0.0;                                // of the last update
   double seconds = 0.0, tokens_per_second = 0.0;  // the batch's tokens x (ppo_epochs + 1) passes, per second
+  // |exp(old_logp) - exp(rollout_logp)| over the loss tokens, the trainer's probabilities against the sampler's (verl's
+  // training/rollout_probs_diff_*): max, mean, std; absent when the rollouts carry no log-probs.
+  std::optional<std::array<double, 3>> rollout_probs_diff;
+  std::map<std::string, double> rollout_correction;  // verl's rollout_corr/* metrics, when rollout correction is on
+  std::optional<double> kl_loss;  // with a KL loss: mean over applied updates of the aggregated KL penalty
 };
 
 struct PolicyUpdate {
@@ -55,6 +69,7 @@ struct PolicyUpdate {
   torch::optim::AdamW& optimizer;
   Communicator& communicator;
   const TrainOptions& options;
+  Qwen2ForCausalLM* reference = nullptr;  // the frozen reference policy of a KL loss (options.kl_loss_coef > 0)
 
   // Fills batch.old_logp, then runs every update; `updates` counts the run's optimizer updates (the schedule's clock).
   UpdateMetrics run(TrainBatch& batch, int64_t& updates);
@@ -62,7 +77,11 @@ struct PolicyUpdate {
  private:
   struct Sums;
   LogprobOptions logprob_options() const;
-  void compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, Sums& sums);
+  void compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, bool first_too, Sums& sums);
+  void compute_ref_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan);
+  void gather_old_logprobs(TrainBatch& batch) const;
+  std::map<std::string, double> correct_rollouts(TrainBatch& batch) const;
+  std::optional<std::array<double, 3>> rollout_probs_diff(const TrainBatch& batch) const;
   void update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums);
   UpdateMetrics reduce(const TrainBatch& batch, Sums& sums) const;
 };
