@@ -103,7 +103,9 @@ void check_two_ranks_match_one_process(const std::string& dtype, double toleranc
                             "train/num_gen_batches", "critic/score/mean", "response_length/mean"}) {
       CHECK(metrics_single[step].at(key) == metrics_ranks[step].at(key));
     }
-    for (const char* key : {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm"}) {
+    for (const char* key : {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
+                            "actor/kl_loss", "training/rollout_probs_diff_max", "training/rollout_probs_diff_mean",
+                            "rollout_corr/rollout_rs_masked_fraction"}) {
       CHECK(metrics_ranks[step].at(key).get<double>() ==
             doctest::Approx(metrics_single[step].at(key).get<double>()).epsilon(tolerance * 10));
     }
@@ -113,6 +115,10 @@ void check_two_ranks_match_one_process(const std::string& dtype, double toleranc
             metrics_ranks[2].at("dapo/filtered_groups").get<int64_t>() >
         0);                                                             // the fixed rollouts exercise dynamic sampling
   CHECK(metrics_ranks[2].at("actor/pg_clipfrac").get<double>() > 0.0);  // and the off-policy updates clip
+  // Rollout correction rejected some tokens and kept most; the KL loss acted.
+  CHECK(metrics_ranks[0].at("rollout_corr/rollout_rs_masked_fraction").get<double>() > 0.0);
+  CHECK(metrics_ranks[0].at("rollout_corr/rollout_rs_masked_fraction").get<double>() < 0.5);
+  CHECK(metrics_ranks[2].at("actor/kl_loss").get<double>() > 0.0);
 }
 
 }  // namespace

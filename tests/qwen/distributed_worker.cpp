@@ -1,8 +1,9 @@
 // Test helper for distributed_test: one rank of a data-parallel run (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from
 // the environment; none set: a single process). Not a user tool.
 //   distributed_worker train OUT MICRO DTYPE [STEPS [RESUME]]
-//       STEPS (3) DAPO steps with fixed rollouts, after resuming from checkpoint RESUME if given; writes
-//       OUT/params-rank<R>.pt, and rank 0 OUT/metrics.json and a checkpoint under OUT/run/checkpoints
+//       STEPS (3) DAPO steps with fixed rollouts (a KL loss and rollout correction on), after resuming from checkpoint
+//       RESUME if given; writes OUT/params-rank<R>.pt, and rank 0 OUT/metrics.json and a checkpoint under
+//       OUT/run/checkpoints
 //   distributed_worker loop OUT              steps until killed, printing "step N" on stdout after each step
 // The rollouts depend on the problem alone (fixed_rollouts), so every number of ranks sees the same ones.
 #include <torch/torch.h>
@@ -41,6 +42,11 @@ std::vector<qwen::Group> fixed_rollouts(const qwen::Tokenizer& tokenizer, const 
       qwen::Response response;
       for (const int32_t id : tokenizer.encode(text)) response.ids.push_back(id);
       response.ids.push_back(end_id);
+      // The sampler's log-probs: near the random model's (about -log 259) with a jitter of +-0.4 from the hash, so
+      // that rollout correction weights and rejects some tokens.
+      for (std::size_t k = 0; k < response.ids.size(); ++k) {
+        response.logprobs.push_back(static_cast<float>(-5.55 + 0.1 * static_cast<double>((h / 3 + k * 7) % 9) - 0.4));
+      }
       response.text = text;
       response.score = qwen::score_response(text, problem.reference, static_cast<int64_t>(response.ids.size()),
                                             {.max_length = options.max_new_tokens});
@@ -90,6 +96,12 @@ int main(int argc, char** argv) {
     options.quiet = true;
     if (mode == "train") options.output_dir = out / "run";
     options.system_prompt = "Answer with <think> then <answer>.";
+    // What verl adds to the loss, all at once: a KL loss against the starting weights (rank 0's, after the
+    // broadcast), rollout correction's weights and rejection (over the whole batch: the ranks share old log-probs).
+    options.extras.kl_loss_coef = 0.05;
+    options.extras.rollout_is = "token";
+    options.extras.rollout_rs = "token_k1";
+    options.extras.rollout_rs_threshold = "1.5";
     options.fixed_rollouts = [&](const std::vector<qwen::Problem>& batch) {
       return fixed_rollouts(tokenizer, options, batch);
     };

@@ -11,6 +11,7 @@
 
 #include "qwen_gsm8k/text/chat.hpp"
 #include "qwen_gsm8k/text/chat_template.hpp"
+#include "qwen_gsm8k/text/text_difference.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "support/shared.hpp"
 #include "transformers/references.hpp"
@@ -19,29 +20,10 @@ namespace {
 
 using nlohmann::json;
 using qwen::ChatMessage;
+using qwen::excerpt;
+using qwen::first_difference;
 
 using dapo::test::kShownMismatches;
-
-// The first byte where `ours` and `theirs` differ (the shorter one's length when one is a prefix of the other).
-std::size_t first_difference(const std::string& ours, const std::string& theirs) {
-  return static_cast<std::size_t>(std::mismatch(ours.begin(), ours.end(), theirs.begin(), theirs.end()).first -
-                                  ours.begin());
-}
-
-// `text` around byte `at` as a JSON string (control characters and invalid UTF-8 escaped), cut between characters.
-std::string excerpt(const std::string& text, std::size_t at) {
-  constexpr std::size_t kContext = 48;
-  const auto boundary = [&](std::size_t pos) {
-    pos = std::min(pos, text.size());
-    while (pos > 0 && pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) --pos;
-    return pos;
-  };
-  const std::size_t begin = boundary(at > kContext ? at - kContext : 0);
-  const std::size_t end = boundary(at + kContext);
-  return (begin > 0 ? "..." : "") +
-         json(text.substr(begin, end - begin)).dump(-1, ' ', false, json::error_handler_t::replace) +
-         (end < text.size() ? "..." : "");
-}
 
 // ids[from, from + 16) as a JSON list.
 std::string id_window(const std::vector<int32_t>& ids, std::size_t from) {

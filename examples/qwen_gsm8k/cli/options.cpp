@@ -16,6 +16,7 @@
 #include <system_error>
 #include <vector>
 
+#include "qwen_gsm8k/common/joined.hpp"
 #include "qwen_gsm8k/logging/metric_log.hpp"
 
 namespace qwen::cli {
@@ -55,12 +56,6 @@ CLI::Validator number_validator(const std::string& description, std::function<bo
         return {};
       },
       description);
-}
-
-std::string joined(const std::vector<std::string>& words, const std::string& separator) {
-  std::string text;
-  for (const auto& word : words) text += (text.empty() ? "" : separator) + word;
-  return text;
 }
 
 // `text` as a TOML value that CLI11's reader gives back unchanged, or nothing if it cannot: that reader cuts a line at

@@ -5,16 +5,9 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "qwen_gsm8k/common/joined.hpp"
+
 namespace qwen {
-namespace {
-
-std::string joined(const std::vector<std::string>& items, const std::string& separator) {
-  std::string text;
-  for (const auto& item : items) text += (text.empty() ? "" : separator) + item;
-  return text;
-}
-
-}  // namespace
 
 std::filesystem::path RunDirectory::rollout_log(int64_t step) const {
   char name[64];

@@ -246,9 +246,8 @@ nlohmann::json run_demo(const DemoOptions& options, std::shared_ptr<Communicator
   }
   if (root) {
     std::filesystem::create_directories(options.output_dir);
-    for (const char* stale : {RunDirectory::kMetrics, RunDirectory::kEval}) {
-      std::filesystem::remove(options.output_dir / stale);
-    }
+    const RunDirectory directory{options.output_dir};
+    for (const auto& stale : {directory.metrics(), directory.eval()}) std::filesystem::remove(stale);
   }
   torch::manual_seed(static_cast<int64_t>(options.seed));
   const DemoProblems problems =

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "qwen_gsm8k/common/json_error.hpp"
+#include "qwen_gsm8k/text/text_difference.hpp"
 
 namespace qwen {
 namespace {
@@ -124,20 +125,6 @@ std::vector<Conversation> driver_conversations() {
   };
 }
 
-// `text` around byte `at` as a quoted JSON string, "..." marking what was cut; cuts fall between characters.
-std::string excerpt(const std::string& text, std::size_t at) {
-  constexpr std::size_t kContext = 64;
-  const auto boundary = [&](std::size_t pos) {
-    pos = std::min(pos, text.size());
-    while (pos > 0 && pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) --pos;
-    return pos;
-  };
-  const std::size_t begin = boundary(at > kContext ? at - kContext : 0);
-  const std::size_t end = boundary(at + kContext);
-  const std::string quoted = Json(text.substr(begin, end - begin)).dump(-1, ' ', false, Json::error_handler_t::replace);
-  return concat(begin > 0 ? "..." : "", quoted, end < text.size() ? "..." : "");
-}
-
 std::string describe(const ChatTemplateFile& file) {
   return file.path.filename() == "tokenizer_config.json" ? "its \"chat_template\"" : "the template";
 }
@@ -205,8 +192,7 @@ void check_chat_template(const fs::path& model_dir) {
     }
     const std::string builtin = render_chat(conversation.messages, conversation.add_generation_prompt);
     if (rendered == builtin) continue;
-    const auto mismatch = std::mismatch(rendered.begin(), rendered.end(), builtin.begin(), builtin.end());
-    const auto at = static_cast<std::size_t>(mismatch.first - rendered.begin());
+    const std::size_t at = first_difference(rendered, builtin);
     fail(file->path, concat(describe(*file), " renders the conversation \"", conversation.name,
                             "\" differently from the built-in ChatML renderer, first at byte ", at, " (",
                             rendered.size(), " and ", builtin.size(), " bytes):\n  template: ", excerpt(rendered, at),

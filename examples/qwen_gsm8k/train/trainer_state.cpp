@@ -173,15 +173,16 @@ void Trainer::resume(const std::filesystem::path& checkpoint) {
   std::vector<nlohmann::json> metrics, evals;
   bool metrics_cut = false, evals_cut = false;
   if (!options_.output_dir.empty() && is_root()) {
-    const auto kept_rows = [&](const char* file, std::size_t keep, std::vector<nlohmann::json>& into, bool& cut) {
-      const auto path = options_.output_dir / file;
+    const auto kept_rows = [](const std::filesystem::path& path, std::size_t keep, std::vector<nlohmann::json>& into,
+                              bool& cut) {
       if (!std::filesystem::exists(path)) return;
       into = read_json_lines(path);
       cut = into.size() > keep;
       if (cut) into.resize(keep);
     };
-    kept_rows(RunDirectory::kMetrics, state.metrics_rows, metrics, metrics_cut);
-    kept_rows(RunDirectory::kEval, state.eval_rows, evals, evals_cut);
+    const RunDirectory directory{options_.output_dir};
+    kept_rows(directory.metrics(), state.metrics_rows, metrics, metrics_cut);
+    kept_rows(directory.eval(), state.eval_rows, evals, evals_cut);
   }
   const std::string label = "resume from " + dir->filename().string() + ": ";
   auto optimizer = load_optimizer(*dir / "optimizer.pt", model_->parameters(),
@@ -197,13 +198,14 @@ void Trainer::resume(const std::filesystem::path& checkpoint) {
   sampler_ = std::move(*sampler);
   metrics_ = std::move(metrics);
   evals_ = std::move(evals);
-  const auto rewrite = [&](const char* file, const std::vector<nlohmann::json>& rows) {
+  const auto rewrite = [](const std::filesystem::path& path, const std::vector<nlohmann::json>& rows) {
     std::string text;
     for (const auto& row : rows) text += row.dump() + "\n";
-    write_file_atomically(options_.output_dir / file, text);
+    write_file_atomically(path, text);
   };
-  if (metrics_cut) rewrite(RunDirectory::kMetrics, metrics_);
-  if (evals_cut) rewrite(RunDirectory::kEval, evals_);
+  const RunDirectory directory{options_.output_dir};
+  if (metrics_cut) rewrite(directory.metrics(), metrics_);
+  if (evals_cut) rewrite(directory.eval(), evals_);
 }
 
 }  // namespace qwen
