@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmarks: builds them (Release) and runs the ones named (default: all) — loss, logprob, tokenizer, model, step.
+# The benchmarks: builds them (Release) and runs the ones named (default: all) — loss, logprob, tokenizer, model, step,
+# python (torch.ops.dapo from Debian's python3-torch against PyTorch ops: benchmarks/python_ops_bench.py).
 # Every benchmark checks its result against a reference before timing. Prints tables and writes JSON to
 # ${DAPO_BUILD_DIR:-build}/bench-results/. DAPO_NATIVE=ON compiles them for this CPU (-march=native).
 # The model benchmark writes a random 2 GB Qwen2.5-0.5B-shaped checkpoint to /tmp once and takes a few minutes.
@@ -8,8 +9,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir=${DAPO_BUILD_DIR:-build}
 shared=${DAPO_SHARED_DIR:-../shared}
 benchmarks=("$@")
-((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model step)
-DAPO_EXTRA_CMAKE_ARGS="-DDAPO_NATIVE=${DAPO_NATIVE:-OFF}" scripts/setup.sh "${benchmarks[@]/%/_bench}"
+((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model step python)
+targets=()
+for name in "${benchmarks[@]}"; do
+  if [[ $name == python ]]; then targets+=(dapo_torch_ops); else targets+=("${name}_bench"); fi
+done
+lists=scripts/packages.txt
+[[ " ${benchmarks[*]} " == *" python "* ]] && lists+=" scripts/python-packages.txt"  # python3-torch
+DAPO_PACKAGE_LISTS=$lists DAPO_EXTRA_CMAKE_ARGS="-DDAPO_NATIVE=${DAPO_NATIVE:-OFF}" scripts/setup.sh "${targets[@]}"
 results="$build_dir/bench-results"
 mkdir -p "$results"
 for name in "${benchmarks[@]}"; do
@@ -23,10 +30,12 @@ for name in "${benchmarks[@]}"; do
         --json "$results/step_bench_demo.json"
       "$build_dir/benchmarks/step_bench" --tokenizer "$shared/fixtures/tokenizer/qwen2.5" \
         --json "$results/step_bench.json" ;;
+    python)  # Debian's python3, whose torch is the LibTorch the ops link
+      PYTHONPATH="$build_dir/python" /usr/bin/python3 benchmarks/python_ops_bench.py | tee "$results/python_ops_bench.md" ;;
     loss | logprob | model)
       "$build_dir/benchmarks/${name}_bench" --json "$results/${name}_bench.json" ;;
     *)
-      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer, model or step)" >&2
+      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer, model, step or python)" >&2
       exit 2 ;;
   esac
 done

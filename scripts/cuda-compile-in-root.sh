@@ -46,15 +46,18 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=
       -DCMAKE_CUDA_COMPILER="$nvcc" -DDAPO_CUDA_ARCHITECTURES=90 -DDAPO_WERROR=ON -DDAPO_UNITY_BUILD=OFF \
       -DCMAKE_PROJECT_INCLUDE="$(pwd)/$shim" -DC10_CUDA_LIBRARY="$libdir/libc10_cuda.so.2.6.0" \
       -DCMAKE_LINK_DEPENDS_NO_SHARED=ON -DCMAKE_CXX_LINK_EXECUTABLE="$stamp" -DCMAKE_CUDA_LINK_EXECUTABLE="$stamp" \
-      -DCMAKE_CXX_CREATE_SHARED_LIBRARY="$stamp" 2>&1 | tee "$build/configure.log"
+      -DCMAKE_CXX_CREATE_SHARED_LIBRARY="$stamp" -DCMAKE_CXX_CREATE_SHARED_MODULE="$stamp" 2>&1 |
+  tee "$build/configure.log"
 grep -q "dapo: LibTorch .* with CUDA" "$build/configure.log" || {
   echo "cuda-compile-in-root: LibTorch was not configured with CUDA (see $build/configure.log)" >&2
   exit 1
 }
 # The driver (with everything it links: the fused CUDA loss registration, NCCL and device-guard branches), the
 # kernel's compile test, and the two benchmarks that run on a GPU (support/device.hpp under DAPO_BENCH_CUDA). The
-# tests and the other benchmarks have no CUDA-only code; the LibTorch 2.x leg compiles them.
-cmake --build "$build" -j"$(nproc)" --target qwen_gsm8k dapo_cuda_kernels_compile_test generate_bench step_bench
+# tests and the other benchmarks have no CUDA-only code; the LibTorch 2.x leg compiles them. And torch.ops.dapo
+# (python/), the Python extension, against LibTorch 2.6's CUDA headers.
+cmake --build "$build" -j"$(nproc)" --target qwen_gsm8k dapo_cuda_kernels_compile_test generate_bench step_bench \
+  dapo_torch_ops
 
 # What was compiled (the build is up to date: every object is current): objects by kind; the registration object must
 # hold the kernel's launch stubs.

@@ -116,7 +116,9 @@ stage_build() {
     nccl=$(find "$site/nvidia" -name nccl.h -printf '%h\n' 2>/dev/null | head -1)
     [[ -f $site/torch/include/gloo/algorithm.h ]] && echo "gloo headers: PyTorch's" ||
       echo "gloo headers: Debian 12's libgloo-dev (PyTorch's wheel has none)"
+    # The Python tests (ctest's python) run with this python3, whose torch the ops are built against.
     cmake_args+=("-DCMAKE_PREFIX_PATH=$prefix/usr;$torch_prefix" "-DCMAKE_CUDA_COMPILER=$nvcc"
+                 "-DDAPO_PYTHON=$(command -v python3)"
                  "-DCMAKE_EXE_LINKER_FLAGS=${rpath_dirs:+-Wl,-rpath-link,$rpath_dirs }-Wl,--allow-shlib-undefined"
                  ${nccl:+"-DCMAKE_CXX_FLAGS=-isystem $nccl" "-DCMAKE_CUDA_FLAGS=-isystem $nccl"})
   fi
@@ -125,7 +127,8 @@ stage_build() {
     tail -40 "$work/configure.log"; return 1; }
   grep -E '^-- dapo:|Found Torch|CUDA' "$work/configure.log" | head -20
   local wanted=(dapo_core_tests dapo_torch_tests qwen_text_tests qwen_model_tests qwen_train_tests checkpoint_writer
-                distributed_worker launcher_worker qwen_gsm8k generate_bench step_bench dapo_kernel_abi_test)
+                distributed_worker launcher_worker qwen_gsm8k generate_bench step_bench dapo_kernel_abi_test
+                dapo_torch_ops)
   local targets=() target
   for target in "${wanted[@]}"; do  # those this configuration has (dapo_kernel_abi_test needs nvcc)
     find "$build" -type d -name "$target.dir" -path '*CMakeFiles*' | grep -q . && targets+=("$target")
@@ -175,6 +178,9 @@ stage_cuda_tests() {
     -tc='*CUDA*,*transformers*,*tiny checkpoints*' |
     tee "$results/cuda_tests.txt" || status=1
   DAPO_SHARED_DIR=$shared "$(bin tests/qwen_train_tests)" -tc='*CUDA*,*transformers*' |
+    tee -a "$results/cuda_tests.txt" || status=1
+  # torch.ops.dapo from Python (tests/python): each test that takes a device runs on CUDA too where torch sees a GPU.
+  DAPO_SHARED_DIR=$shared ctest --test-dir "$build" --output-on-failure -R '^python$' |
     tee -a "$results/cuda_tests.txt" || status=1
   return $status
 }

@@ -1,0 +1,172 @@
+"""dapo's fused losses for TRL users: a module with the call shape of Liger-Kernel's fused linear GRPO loss (the one
+TRL's GRPOTrainer calls with use_liger_kernel=True): last hidden states and the lm-head weight in, loss and metrics
+out, never the [B, T, V] logits.
+
+    loss_fn = dapo.trl.FusedLinearGRPOLoss(beta=0.0, epsilon_low=0.2, epsilon_high=0.28, loss_type="dapo")
+    loss, metrics = loss_fn(last_hidden_state, model.lm_head.weight, completion_ids, completion_mask, advantages,
+                            old_per_token_logps=old_logps)
+
+TRL's loss_type names mean what they mean in TRL (GRPOConfig.loss_type), per call:
+  grpo, sapo  per row token mean, then the mean over the call's rows (an empty row counts 0)
+  bnpo        the call's token mean
+  dr_grpo     token sum / (rows * max_completion_length)
+  dapo        token sum / the call's tokens (or `loss_normalizer`, e.g. TRL's num_items_in_batch / num_processes)
+  cispo       -sg[min(ratio, epsilon_high)] * A * logp with dapo's divisor (epsilon_high is the cap, e.g. 5.0)
+importance_sampling_level="sequence" is GSPO (the ratio of the row's mean log-ratio). The KL term beta * k3(ref, logp)
+is added to each token's loss before the aggregation, as TRL does. metrics: [mean KL (when beta != 0), clip ratio],
+each a masked mean over the call's tokens.
+"""
+
+import torch
+
+import dapo
+
+__all__ = ["FusedLinearGRPOLoss", "LOSS_TYPES"]
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+
+
+class FusedLinearGRPOLoss(torch.nn.Module):
+    def __init__(
+        self,
+        beta=0.04,
+        chunk_size=1024,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        loss_type="dapo",
+        max_completion_length=None,
+        importance_sampling_level="token",
+        sapo_temperature_pos=1.0,
+        sapo_temperature_neg=1.05,
+        temperature=1.0,
+        delta=None,
+        use_ref_model=True,
+    ):
+        super().__init__()
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"dapo.trl: loss_type is '{loss_type}', expected one of {', '.join(LOSS_TYPES)}")
+        if importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(
+                f"dapo.trl: importance_sampling_level is '{importance_sampling_level}', expected token or sequence"
+            )
+        if loss_type == "dr_grpo" and max_completion_length is None:
+            raise ValueError("dapo.trl: loss_type dr_grpo needs max_completion_length")
+        if loss_type == "cispo" and not epsilon_high > 1.0:
+            raise ValueError(f"dapo.trl: cispo caps the ratio at epsilon_high, which is {epsilon_high}; expected > 1")
+        if loss_type in ("cispo", "sapo") and importance_sampling_level == "sequence":
+            raise ValueError(f"dapo.trl: loss_type {loss_type} is token-level only (importance_sampling_level=token)")
+        if delta is not None and loss_type in ("cispo", "sapo"):
+            raise ValueError(f"dapo.trl: delta (the two-sided clip) does not apply to loss_type {loss_type}")
+        self.beta = beta
+        self.chunk_size = chunk_size
+        self.epsilon_low = epsilon_low
+        self.epsilon_high = epsilon_high
+        self.loss_type = loss_type
+        self.max_completion_length = max_completion_length
+        self.importance_sampling_level = importance_sampling_level
+        self.sapo_temperature_pos = sapo_temperature_pos
+        self.sapo_temperature_neg = sapo_temperature_neg
+        self.temperature = temperature
+        self.delta = delta
+        self.use_ref_model = use_ref_model
+
+    def _log_probs(self, hidden, weight, bias, token_ids, where):
+        if bias is not None:
+            raise ValueError(f"dapo.trl: {where} has a bias; the fused log-probs take an lm-head without one")
+        if hidden.dim() != 3 or token_ids.dim() != 2 or hidden.shape[:2] != token_ids.shape:
+            raise ValueError(
+                f"dapo.trl: {where} has shape {list(hidden.shape)} and selected_token_ids {list(token_ids.shape)}; "
+                "expected [B, T, H] and [B, T]"
+            )
+        rows, cols, size = hidden.shape
+        log_prob = dapo.linear_logprobs(
+            hidden.reshape(rows * cols, size),
+            weight,
+            token_ids.reshape(-1),
+            chunk_size=self.chunk_size,
+            temperature=self.temperature,
+        )
+        return log_prob.reshape(rows, cols)
+
+    def _aggregate(self, per_token, mask, normalizer):
+        """A per-token term [B, T] aggregated as this loss_type aggregates the policy loss."""
+        total = (per_token * mask).sum()
+        if self.loss_type in ("grpo", "sapo"):
+            return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / mask.shape[0]
+        if self.loss_type == "bnpo":
+            return total / mask.sum().clamp(min=1.0)
+        if self.loss_type == "dr_grpo":
+            return total / (mask.shape[0] * self.max_completion_length)
+        return total / normalizer
+
+    def forward(
+        self,
+        _input,  # [B, T, H] last hidden states of the completions
+        lin_weight,  # [V, H] lm-head
+        selected_token_ids,  # [B, T] completion ids
+        attention_mask,  # [B, T] completion mask
+        advantages,  # [B]
+        bias=None,
+        ref_per_token_logps=None,  # [B, T]
+        old_per_token_logps=None,  # [B, T]; None: on-policy (the current log-probs, detached)
+        ref_input=None,
+        ref_weight=None,
+        ref_bias=None,
+        loss_normalizer=None,  # dapo, cispo: the divisor (default: the call's tokens)
+    ):
+        log_prob = self._log_probs(_input, lin_weight, bias, selected_token_ids, "_input")
+        mask = attention_mask.to(log_prob.dtype)
+        if old_per_token_logps is None:
+            old_per_token_logps = log_prob.detach()
+        rows = mask.shape[0]
+        tokens = float(mask.sum().item())
+        normalizer = float(loss_normalizer) if loss_normalizer is not None else max(tokens, 1.0)
+        sequence = self.importance_sampling_level == "sequence"
+        options = {
+            "loss_mode": "gspo" if sequence else {"cispo": "cispo", "sapo": "sapo"}.get(self.loss_type, "vanilla"),
+            "clip_ratio_low": self.epsilon_low,
+            "clip_ratio_high": self.epsilon_high,
+            "clip_ratio_c": 0.0,  # TRL has no dual clip
+            "delta": self.delta,
+            "tau_pos": self.sapo_temperature_pos,
+            "tau_neg": self.sapo_temperature_neg,
+            "verl_aggregation": False,
+            "count_epsilon": 0.0,
+        }
+        if self.loss_type == "cispo":  # no lower bound; the cap is epsilon_high itself
+            options.update(clip_ratio_low=1.0, clip_ratio_high=self.epsilon_high - 1.0)
+        if self.loss_type in ("grpo", "sapo"):
+            aggregation, options["global_batch_size"] = "seq-mean-token-mean", rows
+        elif self.loss_type == "bnpo":
+            aggregation = "token-mean"
+        elif self.loss_type == "dr_grpo":
+            aggregation = "seq-mean-token-sum-norm"
+            options.update(global_batch_size=rows, loss_scale_factor=self.max_completion_length)
+        else:
+            aggregation, options["batch_num_tokens"] = "token-mean", normalizer
+            if tokens > normalizer:
+                raise ValueError(f"dapo.trl: loss_normalizer {normalizer} is below the call's {tokens:g} tokens")
+        loss, pg_metrics = dapo.policy_loss(
+            old_per_token_logps, log_prob, advantages, attention_mask, aggregation, **options
+        )
+        metrics = []
+        if self.beta != 0.0:
+            if ref_per_token_logps is None:
+                if ref_input is not None and ref_weight is not None and self.use_ref_model:
+                    with torch.no_grad():
+                        ref_per_token_logps = self._log_probs(
+                            ref_input, ref_weight, ref_bias, selected_token_ids, "ref_input"
+                        )
+                else:
+                    ref_per_token_logps = log_prob.detach()
+            difference = ref_per_token_logps - log_prob
+            kl = torch.exp(difference) - difference - 1.0  # k3, TRL's per-token KL
+            loss = loss + self.beta * self._aggregate(kl, mask, normalizer)
+            metrics.append((kl * mask).sum().detach() / max(tokens, 1.0))
+        if self.loss_type == "cispo":  # TRL counts the capped tokens of positive advantage only (verl: all of them)
+            with torch.no_grad():
+                capped = (torch.exp(log_prob - old_per_token_logps) > self.epsilon_high) & (advantages[:, None] > 0)
+                metrics.append((capped * mask).sum() / max(tokens, 1.0))
+        else:
+            metrics.append(pg_metrics["actor/pg_clipfrac"])
+        return loss, metrics
