@@ -88,16 +88,16 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         )
         return log_prob.reshape(rows, cols)
 
-    def _aggregate(self, per_token, mask, normalizer):
-        """A per-token term [B, T] aggregated as this loss_type aggregates the policy loss."""
-        total = (per_token * mask).sum()
+    def _aggregate(self, per_token, mask, tokens, normalizer):
+        """A per-token term [B, T] aggregated as this loss_type aggregates the policy loss (tokens: mask's sum)."""
+        masked = per_token * mask
         if self.loss_type in ("grpo", "sapo"):
-            return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / mask.shape[0]
+            return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / mask.shape[0]
         if self.loss_type == "bnpo":
-            return total / mask.sum().clamp(min=1.0)
+            return masked.sum() / max(tokens, 1.0)
         if self.loss_type == "dr_grpo":
-            return total / (mask.shape[0] * self.max_completion_length)
-        return total / normalizer
+            return masked.sum() / (mask.shape[0] * self.max_completion_length)
+        return masked.sum() / normalizer
 
     def forward(
         self,
@@ -161,7 +161,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                     ref_per_token_logps = log_prob.detach()
             difference = ref_per_token_logps - log_prob
             kl = torch.exp(difference) - difference - 1.0  # k3, TRL's per-token KL
-            loss = loss + self.beta * self._aggregate(kl, mask, normalizer)
+            loss = loss + self.beta * self._aggregate(kl, mask, tokens, normalizer)
             metrics.append((kl * mask).sum().detach() / max(tokens, 1.0))
         if self.loss_type == "cispo":  # TRL counts the capped tokens of positive advantage only (verl: all of them)
             with torch.no_grad():
