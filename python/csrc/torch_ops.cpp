@@ -1,12 +1,16 @@
 // torch.ops.dapo: the library's fused policy loss and chunked lm-head log-probs registered with PyTorch's dispatcher,
-// for Python (the dapo package in python/dapo) and TorchScript. A thin binding: each op fills the library's options
-// and calls its LibTorch front end, which validates every argument (errors name it and its shape; Python sees a
-// ValueError), computes on the CPU kernel or the CUDA one (linked in when LibTorch has CUDA: dapo::torch carries it)
-// and builds its own autograd node. Registered as composite (CompositeImplicitAutograd): the front end records the
-// graph itself, so the ops are differentiable like any PyTorch function.
+// for Python (the dapo package in python/dapo) and TorchScript; with them the aggregations and the KL estimators.
+// The algorithm's other pieces (advantages, dynamic sampling, rollout correction, rewards) are in algorithm_ops.cpp. A
+// thin binding: each op fills the library's options and calls its LibTorch front end, which validates every argument
+// (errors name it and its shape; Python sees a ValueError), computes on the CPU kernel or the CUDA one (linked in when
+// LibTorch has CUDA: dapo::torch carries it) and builds its own autograd node. Registered as composite
+// (CompositeImplicitAutograd): the front end records the graph itself, so the ops are differentiable like any PyTorch
+// function.
 //
 // Shapes: B = rows (responses), T = response tokens, N = tokens, H = hidden size, V = vocabulary.
 #include <torch/library.h>
+#include <dapo/aggregation.hpp>
+#include <dapo/kl_penalty.hpp>
 #include <dapo/logprob.hpp>
 #include <dapo/loss.hpp>
 
@@ -16,6 +20,21 @@
 namespace {
 
 using Tensor = at::Tensor;
+
+// The aggregation part of dapo::PolicyLossOptions, shared by policy_loss and aggregation_weights.
+dapo::PolicyLossOptions aggregation_options(const std::string& loss_agg_mode, int64_t group_size, double norm_length,
+                                            double global_token_count, double global_group_count,
+                                            double global_row_count, double count_epsilon) {
+  dapo::PolicyLossOptions options;
+  options.aggregation = dapo::aggregation_from_name(loss_agg_mode);
+  options.group_size = group_size;
+  options.norm_length = norm_length;
+  options.global_token_count = global_token_count;
+  options.global_group_count = global_group_count;
+  options.global_row_count = global_row_count;
+  options.count_epsilon = count_epsilon;
+  return options;
+}
 
 // Argument names are those of dapo::PolicyLossOptions (docs/library.md); python/dapo/__init__.py maps verl's names
 // (clip_ratio_low, clip_ratio_c, ...) onto them.
@@ -31,9 +50,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> policy_loss(
     double count_epsilon,
     const c10::optional<Tensor>& weights,  // [B, T] per-token loss weights (verl's rollout_is_weights) or None
     const c10::optional<at::Generator>& generator) {
-  dapo::PolicyLossOptions options;
+  dapo::PolicyLossOptions options = aggregation_options(loss_agg_mode, group_size, norm_length, global_token_count,
+                                                        global_group_count, global_row_count, count_epsilon);
   options.mode = dapo::policy_loss_from_name(loss_mode);
-  options.aggregation = dapo::aggregation_from_name(loss_agg_mode);
   options.clip_low = clip_low;
   options.clip_high = clip_high;
   options.dual_clip = dual_clip;
@@ -47,12 +66,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> policy_loss(
   options.clip_cov_ratio = clip_cov_ratio;
   options.clip_cov_lb = clip_cov_lb;
   options.clip_cov_ub = clip_cov_ub;
-  options.group_size = group_size;
-  options.norm_length = norm_length;
-  options.global_token_count = global_token_count;
-  options.global_group_count = global_group_count;
-  options.global_row_count = global_row_count;
-  options.count_epsilon = count_epsilon;
   const dapo::PolicyLossOutput out = dapo::policy_loss(log_prob, old_log_prob, advantages, response_mask, options,
                                                        weights.has_value() ? *weights : Tensor(),
                                                        generator.has_value() ? *generator : at::Generator());
@@ -73,6 +86,34 @@ std::tuple<Tensor, Tensor> linear_logprobs(const Tensor& hidden,   // [N, H], di
   return {out.logp, out.entropy.defined() ? out.entropy : at::empty({0}, out.logp.options())};
 }
 
+// The weight of each token [B, T] in loss_agg_mode's aggregation (dapo::aggregation_weights), in `dtype` (default
+// float32) on mask's device: sum(w * X) is any per-token term X aggregated as policy_loss aggregates (same counts).
+Tensor aggregation_weights(const Tensor& mask, const std::string& loss_agg_mode, int64_t group_size, double norm_length,
+                           double global_token_count, double global_group_count, double global_row_count,
+                           double count_epsilon, c10::optional<at::ScalarType> dtype) {
+  return dapo::aggregation_weights(mask,
+                                   aggregation_options(loss_agg_mode, group_size, norm_length, global_token_count,
+                                                       global_group_count, global_row_count, count_epsilon),
+                                   dtype.value_or(at::kFloat));
+}
+
+// verl's agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size,
+// loss_scale_factor): 0 for a keyword verl was not given. Differentiable in loss_mat.
+Tensor agg_loss(const Tensor& loss_mat, const Tensor& loss_mask, const std::string& loss_agg_mode, int64_t dp_size,
+                double batch_num_tokens, double global_batch_size, double loss_scale_factor) {
+  dapo::AggLossOptions options;
+  options.dp_size = dp_size;
+  options.batch_num_tokens = batch_num_tokens;
+  options.global_batch_size = global_batch_size;
+  options.loss_scale_factor = loss_scale_factor;
+  return dapo::agg_loss(loss_mat, loss_mask, dapo::aggregation_from_name(loss_agg_mode), options);
+}
+
+// verl's kl_penalty(logprob, ref_logprob, name) per element; differentiable (k3+, k1+: k2's gradient).
+Tensor kl_penalty(const Tensor& logprob, const Tensor& ref_logprob, const std::string& name) {
+  return dapo::kl_penalty(logprob, ref_logprob, name);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dapo, m) {
@@ -88,4 +129,14 @@ TORCH_LIBRARY(dapo, m) {
       "linear_logprobs(Tensor hidden, Tensor weight, Tensor targets, int chunk_size, float temperature, "
       "bool with_entropy) -> (Tensor log_prob, Tensor entropy)",
       &linear_logprobs);
+  m.def(
+      "aggregation_weights(Tensor mask, str loss_agg_mode, int group_size, float norm_length, "
+      "float global_token_count, float global_group_count, float global_row_count, float count_epsilon, "
+      "ScalarType? dtype) -> Tensor",
+      &aggregation_weights);
+  m.def(
+      "agg_loss(Tensor loss_mat, Tensor loss_mask, str loss_agg_mode, int dp_size, float batch_num_tokens, "
+      "float global_batch_size, float loss_scale_factor) -> Tensor",
+      &agg_loss);
+  m.def("kl_penalty(Tensor logprob, Tensor ref_logprob, str name) -> Tensor", &kl_penalty);
 }

@@ -88,17 +88,6 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         )
         return log_prob.reshape(rows, cols)
 
-    def _aggregate(self, per_token, mask, tokens, normalizer):
-        """A per-token term [B, T] aggregated as this loss_type aggregates the policy loss (tokens: mask's sum)."""
-        masked = per_token * mask
-        if self.loss_type in ("grpo", "sapo"):
-            return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / mask.shape[0]
-        if self.loss_type == "bnpo":
-            return masked.sum() / max(tokens, 1.0)
-        if self.loss_type == "dr_grpo":
-            return masked.sum() / (mask.shape[0] * self.max_completion_length)
-        return masked.sum() / normalizer
-
     def forward(
         self,
         _input,  # [B, T, H] last hidden states of the completions
@@ -161,7 +150,17 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                     ref_per_token_logps = log_prob.detach()
             difference = ref_per_token_logps - log_prob
             kl = torch.exp(difference) - difference - 1.0  # k3, TRL's per-token KL
-            loss = loss + self.beta * self._aggregate(kl, mask, tokens, normalizer)
+            # aggregated as the policy loss is: the same aggregation, the same counts
+            weights = dapo.aggregation_weights(
+                attention_mask,
+                aggregation,
+                batch_num_tokens=options.get("batch_num_tokens"),
+                global_batch_size=options.get("global_batch_size"),
+                loss_scale_factor=options.get("loss_scale_factor"),
+                count_epsilon=0.0,
+                dtype=log_prob.dtype,
+            )
+            loss = loss + self.beta * (weights * kl).sum()
             metrics.append((kl * mask).sum().detach() / max(tokens, 1.0))
         if self.loss_type == "cispo":  # TRL counts the capped tokens of positive advantage only (verl: all of them)
             with torch.no_grad():

@@ -1,7 +1,8 @@
 // Every policy_loss case of verl_zoo.json through the tensor API: the fused CPU kernel and the composite reference,
 // in float64 (1e-10 relative) and float32 (1e-5), loss, verl's metrics and the autograd gradient of log_prob, with
-// rollout IS weights where the case has them.
+// rollout IS weights where the case has them; every agg_loss case through dapo::agg_loss on tensors.
 #include <ATen/CPUGeneratorImpl.h>
+#include <dapo/aggregation.hpp>
 #include <dapo/loss.hpp>
 #include <dapo/reference/loss.hpp>
 
@@ -75,6 +76,41 @@ TEST_CASE("torch policy_loss, fused and reference, matches every policy_loss cas
     ++checked[c.loss_mode];
   }
   MESSAGE("checked (fused and reference, float64 and float32): " << dapo::test::count_message(checked));
+}
+
+TEST_CASE("torch agg_loss matches every agg_loss case of verl_zoo.json, its gradient zero off the mask") {
+  const auto cases = dapo::test::zoo_agg_cases();
+  if (!cases) return;
+  for (const auto& c : *cases) {
+    for (const auto dtype : {torch::kFloat64, torch::kFloat32}) {
+      CAPTURE(c.name);
+      CAPTURE(dtype);
+      const double relative = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
+      const double absolute = dtype == torch::kFloat64 ? 1e-14 : 1e-6;
+      const auto loss_mat = dapo::test::tensor(c.loss_mat, {c.rows, c.cols}, dtype).requires_grad_(true);
+      const auto mask = dapo::test::tensor(c.loss_mask, {c.rows, c.cols}, dtype);
+      const dapo::AggLossOptions options{.dp_size = c.dp_size,
+                                         .batch_num_tokens = c.batch_num_tokens,
+                                         .global_batch_size = c.global_batch_size,
+                                         .loss_scale_factor = c.loss_scale_factor};
+      const auto loss = dapo::agg_loss(loss_mat, mask, dapo::aggregation_from_name(c.loss_agg_mode), options);
+      CHECK((loss.scalar_type() == dtype));
+      CHECK(dapo::test::close(loss.item<double>(), c.loss, relative, absolute));
+      loss.backward();
+      // Linear in loss_mat: the gradient reproduces the loss.
+      CHECK(dapo::test::close((loss_mat.grad() * loss_mat).sum().item<double>(), c.loss, relative, absolute));
+      CHECK(loss_mat.grad().masked_select(mask == 0).abs().sum().item<double>() == 0.0);
+    }
+  }
+}
+
+TEST_CASE("torch agg_loss names a mask of another shape or dtype") {
+  const auto loss_mat = torch::zeros({2, 3});
+  CHECK_THROWS_WITH_AS(dapo::agg_loss(loss_mat, torch::ones({2, 2}), dapo::LossAggregation::kTokenMean),
+                       doctest::Contains("dapo::agg_loss: loss_mask has shape [2, 2] but loss_mat has [2, 3]"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::agg_loss(loss_mat, torch::ones({2, 3}, torch::kInt64), dapo::LossAggregation::kTokenMean),
+                       doctest::Contains("loss_mask has dtype Long, expected bool or floating"), std::invalid_argument);
 }
 
 TEST_CASE("torch policy_loss refuses weights of another shape, naming them") {
