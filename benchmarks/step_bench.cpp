@@ -169,6 +169,7 @@ void run(const Args& args) {
   at::set_num_threads(args.threads);
   torch::manual_seed(0);
   const qwen::Config config = dapo::bench::model_shape(args.shape);
+  const int blas_threads = qwen::set_blas_threads(qwen::blas_threads_for(config.hidden_size, args.threads));
   qwen::Qwen2ForCausalLM model(config);
   // On the device before the random fill (quick there for a 1.5B model); on the CPU the weights are those of the
   // earlier versions of this benchmark (the fill follows the construction's draws, as before).
@@ -187,11 +188,11 @@ void run(const Args& args) {
   const std::string on_device = args.device.is_cpu() ? "" : " on " + dapo::bench::device_name(args.device);
   std::printf(
       "DAPO step, %s shape (%.1fM parameters), %s%s; %d prompts x %d responses, %d new tokens, %d x %d "
-      "updates; %s, %d threads, %s allocator\n",
+      "updates; %s, %d threads (OpenBLAS %d), %s allocator\n",
       args.shape.c_str(), static_cast<double>(parameters) / 1e6, precision.c_str(), on_device.c_str(),
       static_cast<int>(args.prompts), static_cast<int>(args.rollout_n), static_cast<int>(args.new_tokens),
       static_cast<int>(args.epochs), static_cast<int>(args.prompts / args.mini), dapo::bench::cpu_model().c_str(),
-      args.threads, dapo::bench::allocator().c_str());
+      args.threads, blas_threads, dapo::bench::allocator().c_str());
   report(args, time_steps(trainer, args.steps, args.device), parameters, options);
 }
 

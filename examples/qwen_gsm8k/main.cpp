@@ -5,14 +5,19 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <limits>
 #include <thread>
 #include <tuple>
 
 #include "qwen_gsm8k/cli/commands.hpp"
 #include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/model/config.hpp"
 #include "qwen_gsm8k/text/tokenize_command.hpp"
 
 int main(int argc, char** argv) {
@@ -26,6 +31,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads for LibTorch (default: the cores, shared among local ranks)")
       ->capture_default_str()
       ->check(qwen::cli::positive());
+  int blas_threads = 0;
+  app.add_option("--blas-threads", blas_threads,
+                 "OpenBLAS's threads for the matrix products (default 0: with LibTorch 2.x one for models of hidden "
+                 "size 128 or less, whose products are too small to share, else --threads; with 1.x as OpenBLAS "
+                 "starts, one per core; OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, if set, wins)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   qwen::cli::DemoCommand demo;
   qwen::cli::TrainCommand train;
   qwen::cli::CompareCommand compare;
@@ -60,6 +72,16 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(threads);
   try {
+    if (blas_threads == 0) {  // by the model's hidden size; a config that is not there is the train command's to report
+      std::int64_t hidden_size = std::numeric_limits<std::int64_t>::max();  // unknown: as a large model
+      const std::filesystem::path config = std::filesystem::path(train.model_dir) / "config.json";
+      if (demo.app->parsed()) hidden_size = qwen::demo_model_config().hidden_size;
+      if (train.app->parsed() && std::filesystem::is_regular_file(config)) {
+        hidden_size = qwen::Config::from_file(config).hidden_size;
+      }
+      blas_threads = qwen::blas_threads_for(hidden_size, threads);
+    }
+    qwen::set_blas_threads(blas_threads);
     if (tokenize.app->parsed()) return qwen::run_tokenize(tokenize.tokenizer_dir, std::cin, std::cout, std::cerr);
     if (compare.app->parsed()) return qwen::cli::run_compare_command(compare);
     if (demo.app->parsed()) return qwen::cli::run_demo_command(demo, distributed);

@@ -83,24 +83,31 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
   key = apply_rotary(key, cos_h, sin_h);
   if (cache != nullptr) std::tie(key, value) = cache->update(layer, key, value);  // [B, KV, S, D]
 
+  // On CUDA, and on CPU from LibTorch 2.14, scaled_dot_product_attention. On CPU before that, the eager products:
+  // measured on 2 cores (docs/benchmarks.md), LibTorch 2.6's SDPA takes twice the eager path's time in a decode step,
+  // 2.14's is faster than it. The eager path is LibTorch 1.x's only one.
   torch::Tensor attended;
 #if TORCH_VERSION_MAJOR >= 2
-  // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
-  const double lowest = query.scalar_type() == torch::kBFloat16 ? -3.38e38
-                        : query.scalar_type() == torch::kHalf
-                            ? -65504.0
-                            : static_cast<double>(std::numeric_limits<float>::lowest());
-  const torch::Tensor attention_mask = mask.clamp_min(lowest).to(query.scalar_type());
+  constexpr bool kSdpaOnCpu = TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 14;
+  if (kSdpaOnCpu || !query.device().is_cpu()) {
+    // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
+    const double lowest = query.scalar_type() == torch::kBFloat16 ? -3.38e38
+                          : query.scalar_type() == torch::kHalf
+                              ? -65504.0
+                              : static_cast<double>(std::numeric_limits<float>::lowest());
+    const torch::Tensor attention_mask = mask.clamp_min(lowest).to(query.scalar_type());
 #if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
-  // Grouped-query attention inside SDPA: the backends that support it read the shared K/V heads in place, the others
-  // expand them themselves; no copy of the whole cache per decode step here.
-  attended = at::scaled_dot_product_attention(query, key, value, attention_mask, 0.0, false, std::nullopt,
-                                              /*enable_gqa=*/heads_ != kv_heads_);
+    // Grouped-query attention inside SDPA: the backends that support it read the shared K/V heads in place, the
+    // others expand them themselves; no copy of the whole cache per decode step here.
+    attended = at::scaled_dot_product_attention(query, key, value, attention_mask, 0.0, false, std::nullopt,
+                                                /*enable_gqa=*/heads_ != kv_heads_);
 #else
-  attended = at::scaled_dot_product_attention(query, repeat_kv(key, heads_ / kv_heads_),
-                                              repeat_kv(value, heads_ / kv_heads_), attention_mask);
+    attended = at::scaled_dot_product_attention(query, repeat_kv(key, heads_ / kv_heads_),
+                                                repeat_kv(value, heads_ / kv_heads_), attention_mask);
 #endif
-#else
+    return o_proj(attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
+  }
+#endif
   // Eager attention: scores in the weights' dtype, mask and softmax in float32 (modeling_qwen2's eager path). The
   // products are torch::matmul's with repeat_kv's heads, bit for bit, without LibTorch 1.x's per-matrix overhead
   // and, in generation, without copying the cache's heads (batched_matmul.hpp).
@@ -108,7 +115,6 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
       grouped_matmul(query, key, /*transpose_shared=*/true) / std::sqrt(static_cast<double>(head_dim_));
   const torch::Tensor weights = torch::softmax(scores.to(torch::kFloat32) + mask, -1).to(query.scalar_type());
   attended = grouped_matmul(weights, value, /*transpose_shared=*/false);  // [B, N, T, D]
-#endif
   return o_proj(attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
 }
 
