@@ -18,7 +18,8 @@
 namespace dapo {
 
 // rewards [N] (floating) -> advantages [N], same dtype and device. Not differentiable (outcome rewards are data).
-// A = (r - mean_g) / (std_g + epsilon), std unbiased; with scale_by_std = false, A = r - mean_g (Dr. GRPO).
+// A = (r - mean_g) / (std_g + epsilon), std unbiased; with scale_by_std = false, A = r - mean_g (Dr. GRPO); with
+// std_over_batch, the std of all N rewards instead of std_g (TRL's scale_rewards="batch").
 inline torch::Tensor group_advantages(const torch::Tensor& rewards, int64_t group_size,
                                       const AdvantageOptions& options = {}) {
   constexpr const char* kWhere = "dapo::group_advantages";
@@ -32,6 +33,11 @@ inline torch::Tensor group_advantages(const torch::Tensor& rewards, int64_t grou
   const torch::Tensor grouped = rewards.reshape({-1, group_size});  // [num_groups, G]
   const torch::Tensor centered = grouped - grouped.mean(1, /*keepdim=*/true);
   if (!options.scale_by_std) return centered.reshape(-1);
+  if (options.std_over_batch) {
+    const torch::Tensor all = rewards - rewards.mean();
+    const torch::Tensor std = (all.square().sum() / static_cast<double>(rewards.size(0) - 1)).sqrt();
+    return (centered / (std + options.epsilon)).reshape(-1);
+  }
   const torch::Tensor std = (centered.square().sum(1, /*keepdim=*/true) / static_cast<double>(group_size - 1)).sqrt();
   return (centered / (std + options.epsilon)).reshape(-1);
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/types.h>
@@ -63,8 +64,9 @@ void visit_mask_dtype(torch::ScalarType dtype, const Fn& fn) {
 // default CPU generator, as verl's call without one).
 inline ClipCovChoice clip_cov_torch_choice(const at::Generator& generator) {
   return [generator](int64_t candidates, int64_t count) {
-    const c10::optional<at::Generator> source =
-        generator.defined() ? c10::optional<at::Generator>(generator) : c10::nullopt;
+    // The default generator named rather than an empty optional: the same stream, and no false
+    // -Wmaybe-uninitialized from g++ 12 on the optional's destructor with LibTorch 2.15's headers.
+    const at::Generator source = generator.defined() ? generator : at::detail::getDefaultCPUGenerator();
     const torch::Tensor order = torch::randperm(candidates, source, torch::TensorOptions().dtype(torch::kLong));
     const auto* first = order.data_ptr<int64_t>();
     return std::vector<int64_t>(first, first + count);

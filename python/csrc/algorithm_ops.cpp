@@ -19,10 +19,12 @@ namespace {
 using Tensor = at::Tensor;
 
 // rewards [N] -> (r - mean_g) / (std_g + epsilon) [N], or r - mean_g without scale_by_std.
-Tensor group_advantages(const Tensor& rewards, int64_t group_size, bool scale_by_std, double epsilon) {
+Tensor group_advantages(const Tensor& rewards, int64_t group_size, bool scale_by_std, double epsilon,
+                        bool std_over_batch) {
   dapo::AdvantageOptions options;
   options.scale_by_std = scale_by_std;
   options.epsilon = epsilon;
+  options.std_over_batch = std_over_batch;
   return dapo::group_advantages(rewards, group_size, options);
 }
 
@@ -97,8 +99,10 @@ std::string gsm8k_reference_answer(const std::string& answer_field) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(dapo, m) {
-  m.def("group_advantages(Tensor rewards, int group_size, bool scale_by_std, float epsilon) -> Tensor",
-        &group_advantages);
+  m.def(
+      "group_advantages(Tensor rewards, int group_size, bool scale_by_std, float epsilon, bool std_over_batch=False) "
+      "-> Tensor",
+      &group_advantages);
   m.def(
       "estimate_advantages(Tensor token_level_rewards, Tensor response_mask, Tensor index, str estimator, "
       "bool norm_adv_by_std, float epsilon, float gamma, float f_norm) -> (Tensor advantages, Tensor returns)",

@@ -10,6 +10,7 @@
 // Shapes: B = rows (responses), T = response tokens, N = tokens, H = hidden size, V = vocabulary.
 #include <torch/library.h>
 #include <dapo/aggregation.hpp>
+#include <dapo/core/trl_loss_type.hpp>
 #include <dapo/kl_penalty.hpp>
 #include <dapo/logprob.hpp>
 #include <dapo/loss.hpp>
@@ -114,6 +115,43 @@ Tensor kl_penalty(const Tensor& logprob, const Tensor& ref_logprob, const std::s
   return dapo::kl_penalty(logprob, ref_logprob, name);
 }
 
+// TRL's GRPOConfig.loss_type and the call's counts as the library's loss options (dapo::trl_loss_type, the mapping
+// the driver's --loss-type uses): (loss_mode, loss_agg_mode, the numbers by policy_loss's argument names and
+// loss_scale). TRL's loss of the call = policy_loss with them, times loss_scale.
+std::tuple<std::string, std::string, c10::Dict<std::string, double>> trl_loss_options(
+    const std::string& loss_type, double epsilon, double epsilon_high, double delta, double sapo_temperature_pos,
+    double sapo_temperature_neg, int64_t max_completion_length, int64_t gradient_accumulation_steps,
+    int64_t steps_per_generation, int64_t num_processes, double num_items_in_batch, int64_t rows) {
+  const dapo::TrlLossType trl =
+      dapo::trl_loss_type(loss_type, {.epsilon = epsilon,
+                                      .epsilon_high = epsilon_high,
+                                      .delta = delta,
+                                      .sapo_temperature_pos = sapo_temperature_pos,
+                                      .sapo_temperature_neg = sapo_temperature_neg,
+                                      .max_completion_length = max_completion_length,
+                                      .gradient_accumulation_steps = gradient_accumulation_steps,
+                                      .steps_per_generation = steps_per_generation,
+                                      .num_processes = num_processes,
+                                      .num_items_in_batch = num_items_in_batch,
+                                      .rows = rows});
+  const dapo::PolicyLossOptions& o = trl.options;
+  c10::Dict<std::string, double> numbers;
+  for (const auto& [name, value] : {std::pair<const char*, double>{"clip_low", o.clip_low},
+                                    {"clip_high", o.clip_high},
+                                    {"dual_clip", o.dual_clip},
+                                    {"delta", o.delta},
+                                    {"tau_pos", o.tau_pos},
+                                    {"tau_neg", o.tau_neg},
+                                    {"norm_length", o.norm_length},
+                                    {"global_token_count", o.global_token_count},
+                                    {"global_row_count", o.global_row_count},
+                                    {"count_epsilon", o.count_epsilon},
+                                    {"loss_scale", trl.loss_scale}}) {
+    numbers.insert(name, value);
+  }
+  return {std::string(dapo::policy_loss_name(o.mode)), std::string(dapo::aggregation_name(o.aggregation)), numbers};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dapo, m) {
@@ -139,4 +177,10 @@ TORCH_LIBRARY(dapo, m) {
       "float global_batch_size, float loss_scale_factor) -> Tensor",
       &agg_loss);
   m.def("kl_penalty(Tensor logprob, Tensor ref_logprob, str name) -> Tensor", &kl_penalty);
+  m.def(
+      "trl_loss_options(str loss_type, float epsilon, float epsilon_high, float delta, float sapo_temperature_pos, "
+      "float sapo_temperature_neg, int max_completion_length, int gradient_accumulation_steps, "
+      "int steps_per_generation, int num_processes, float num_items_in_batch, int rows) -> (str loss_mode, "
+      "str loss_agg_mode, Dict(str, float) options)",
+      &trl_loss_options);
 }

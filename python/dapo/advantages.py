@@ -10,10 +10,13 @@ __all__ = ["group_advantages", "compute_advantage", "informative_groups", "ADV_E
 ADV_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg")
 
 
-def group_advantages(rewards, group_size, *, scale_by_std=True, epsilon=1e-6):
+def group_advantages(rewards, group_size, *, scale_by_std=True, epsilon=1e-6, std_over_batch=False):
     """rewards [N] (a group's group_size responses consecutive) -> (r - mean_g) / (std_g + epsilon) [N], std
-    unbiased; with scale_by_std=False, r - mean_g (Dr. GRPO)."""
-    return torch.ops.dapo.group_advantages(rewards, int(group_size), bool(scale_by_std), float(epsilon))
+    unbiased; with scale_by_std=False, r - mean_g (Dr. GRPO); with std_over_batch=True, the std of all N rewards
+    instead of std_g (TRL's scale_rewards="batch"; dapo.trl.advantages takes TRL's names)."""
+    return torch.ops.dapo.group_advantages(
+        rewards, int(group_size), bool(scale_by_std), float(epsilon), bool(std_over_batch)
+    )
 
 
 def _prompt_ids(index, rows):

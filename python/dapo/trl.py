@@ -13,7 +13,8 @@ TRL's loss_type names mean what they mean in TRL (GRPOConfig.loss_type), per cal
   dapo        token sum / the call's tokens (or `loss_normalizer`, e.g. TRL's num_items_in_batch / num_processes)
   cispo       -sg[min(ratio, epsilon_high)] * A * logp with dapo's divisor (epsilon_high is the cap, e.g. 5.0)
 importance_sampling_level="sequence" is GSPO (the ratio of the row's mean log-ratio). The KL term beta * k3(ref, logp)
-is added to each token's loss before the aggregation, as TRL does. metrics: [mean KL (when beta != 0), clip ratio],
+is added to each token's loss before the aggregation, as TRL does (times the importance ratio with
+use_bias_correction_kl=True, TRL 1.16's GRPOConfig default; False here, Liger's). metrics: [mean KL (when beta != 0), clip ratio],
 each a masked mean over the call's tokens.
 """
 
@@ -21,9 +22,115 @@ import torch
 
 import dapo
 
-__all__ = ["FusedLinearGRPOLoss", "LOSS_TYPES"]
+__all__ = ["FusedLinearGRPOLoss", "grpo_loss", "advantages", "LOSS_TYPES", "SCALE_REWARDS"]
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def _k3(log_prob, old_log_prob, ref_log_prob, mask, sequence, bias_correction):
+    """TRL's per-token KL k3(ref, logp); with bias_correction (GRPOConfig.use_bias_correction_kl, TRL 1.16's
+    default) times the importance ratio exp(logp - old), differentiable (the row's mean log-ratio at sequence level)."""
+    difference = ref_log_prob - log_prob
+    kl = torch.exp(difference) - difference - 1.0
+    if bias_correction:
+        log_ratio = log_prob - old_log_prob
+        if sequence:
+            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None]
+        kl = kl * torch.exp(log_ratio)
+    return kl
+
+
+def _loss_mask(mask, dtype):
+    """TRL's completion masks are integer tensors; the fused loss takes bool or floating 0/1."""
+    return mask if mask.dtype == torch.bool or mask.is_floating_point() else mask.to(dtype)
+
+
+def advantages(rewards, num_generations, scale_rewards="group", epsilon=1e-4):
+    """GRPOTrainer's advantages of one generation batch's rewards [N] (each prompt's num_generations consecutive):
+    r - the group's mean, divided by the group's std (scale_rewards="group"), the batch's ("batch") or nothing
+    ("none"), plus TRL's epsilon 1e-4; stds unbiased, as TRL's."""
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"dapo.trl: scale_rewards is '{scale_rewards}', expected one of {', '.join(SCALE_REWARDS)}")
+    return dapo.group_advantages(
+        rewards, num_generations, scale_by_std=scale_rewards != "none", epsilon=epsilon,
+        std_over_batch=scale_rewards == "batch",
+    )
+
+
+def grpo_loss(
+    per_token_logps,  # [B, T], differentiable
+    old_per_token_logps,  # [B, T]; None: on-policy (per_token_logps detached)
+    advantages,  # [B]
+    completion_mask,  # [B, T]
+    *,
+    loss_type="dapo",
+    epsilon=0.2,
+    epsilon_high=None,
+    delta=None,
+    importance_sampling_level="token",
+    sapo_temperature_pos=1.0,
+    sapo_temperature_neg=1.05,
+    max_completion_length=256,
+    gradient_accumulation_steps=1,
+    steps_per_generation=None,
+    num_processes=1,
+    num_items_in_batch=None,
+    beta=0.0,
+    ref_per_token_logps=None,
+    use_bias_correction_kl=True,
+):
+    """GRPOTrainer's loss of one call (one micro-batch on one process, in training) on per-token log-probs, by TRL's
+    names: the options come from dapo::trl_loss_type, the mapping behind the driver's --loss-type, and the loss from
+    the fused dapo.policy_loss, times TRL's scale. beta > 0 adds beta * k3(ref, logp) to each token before the
+    aggregation, as TRL does, times the importance ratio with use_bias_correction_kl (TRL 1.16's default).
+    num_items_in_batch (dapo, cispo): the generation batch's loss tokens over all processes
+    (None: this call's). Returns (loss, metrics), metrics as dapo.policy_loss's plus "kl" when beta != 0."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"dapo.trl: loss_type is '{loss_type}', expected one of {', '.join(LOSS_TYPES)}")
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(
+            f"dapo.trl: importance_sampling_level is '{importance_sampling_level}', expected token or sequence"
+        )
+    if importance_sampling_level == "sequence" and loss_type in ("cispo", "sapo"):
+        raise ValueError(f"dapo.trl: loss_type {loss_type} is token-level only (importance_sampling_level=token)")
+    mask = _loss_mask(completion_mask, per_token_logps.dtype)
+    if old_per_token_logps is None:
+        old_per_token_logps = per_token_logps.detach()
+    loss_mode, aggregation, o = torch.ops.dapo.trl_loss_options(
+        loss_type,
+        float(epsilon),
+        float(0.0 if epsilon_high is None else epsilon_high),
+        float(0.0 if delta is None else delta),
+        float(sapo_temperature_pos),
+        float(sapo_temperature_neg),
+        int(max_completion_length),
+        int(gradient_accumulation_steps),
+        int(0 if steps_per_generation is None else steps_per_generation),
+        int(num_processes),
+        float(0.0 if num_items_in_batch is None else num_items_in_batch),
+        int(mask.shape[0]),
+    )
+    if importance_sampling_level == "sequence":
+        loss_mode = "gspo"  # the ratio of the row's mean log-ratio, TRL's sequence level
+    loss, clipfrac, ppo_kl, _ = torch.ops.dapo.policy_loss(
+        old_per_token_logps, per_token_logps, advantages, mask, loss_mode, aggregation, o["clip_low"], o["clip_high"],
+        o["dual_clip"], o["delta"], 20.0, o["tau_pos"], o["tau_neg"], 0.0, 2e-4, 0.1, 2e-4, 1.0, 5.0, 0,
+        o["norm_length"], o["global_token_count"], 0.0, o["global_row_count"], o["count_epsilon"], None, None,
+    )
+    metrics = {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}
+    if beta != 0.0:
+        if ref_per_token_logps is None:
+            raise ValueError("dapo.trl: beta != 0 needs ref_per_token_logps")
+        kl = _k3(per_token_logps, old_per_token_logps, ref_per_token_logps, mask.to(per_token_logps.dtype),
+                 importance_sampling_level == "sequence", use_bias_correction_kl)
+        weights = torch.ops.dapo.aggregation_weights(
+            mask, aggregation, 0, o["norm_length"], o["global_token_count"], 0.0, o["global_row_count"],
+            o["count_epsilon"], per_token_logps.dtype,
+        )
+        loss = loss + beta * (weights * kl).sum()
+        metrics["kl"] = (kl * mask).sum().detach() / mask.sum().clamp(min=1.0)
+    return loss * o["loss_scale"], metrics
 
 
 class FusedLinearGRPOLoss(torch.nn.Module):
@@ -41,6 +148,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         temperature=1.0,
         delta=None,
         use_ref_model=True,
+        use_bias_correction_kl=False,
     ):
         super().__init__()
         if loss_type not in LOSS_TYPES:
@@ -69,6 +177,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         self.temperature = temperature
         self.delta = delta
         self.use_ref_model = use_ref_model
+        self.use_bias_correction_kl = use_bias_correction_kl
 
     def _log_probs(self, hidden, weight, bias, token_ids, where):
         if bias is not None:
@@ -136,7 +245,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             if tokens > normalizer:
                 raise ValueError(f"dapo.trl: loss_normalizer {normalizer} is below the call's {tokens:g} tokens")
         loss, pg_metrics = dapo.policy_loss(
-            old_per_token_logps, log_prob, advantages, attention_mask, aggregation, **options
+            old_per_token_logps, log_prob, advantages, _loss_mask(attention_mask, log_prob.dtype), aggregation, **options
         )
         metrics = []
         if self.beta != 0.0:
@@ -148,11 +257,10 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                         )
                 else:
                     ref_per_token_logps = log_prob.detach()
-            difference = ref_per_token_logps - log_prob
-            kl = torch.exp(difference) - difference - 1.0  # k3, TRL's per-token KL
+            kl = _k3(log_prob, old_per_token_logps, ref_per_token_logps, mask, sequence, self.use_bias_correction_kl)
             # aggregated as the policy loss is: the same aggregation, the same counts
             weights = dapo.aggregation_weights(
-                attention_mask,
+                _loss_mask(attention_mask, log_prob.dtype),
                 aggregation,
                 batch_num_tokens=options.get("batch_num_tokens"),
                 global_batch_size=options.get("global_batch_size"),

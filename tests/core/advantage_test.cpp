@@ -1,6 +1,7 @@
 // Group advantages on plain buffers: goldens, properties, errors.
 #include <dapo/core/advantage.hpp>
 
+#include <cmath>
 #include <numeric>
 
 #include "support/shared.hpp"
@@ -38,6 +39,25 @@ TEST_CASE("advantages of each group sum to zero and have unit sample std when sc
   }
   // Dr. GRPO: only centred.
   dapo::core::group_advantages<double>(rewards, 4, advantages, {false, 0.0});
+  CHECK(advantages[0] == doctest::Approx(0.0 - 6.5 / 4.0));
+}
+
+TEST_CASE("std_over_batch: the group's mean, the std of the whole batch (TRL's scale_rewards=\"batch\")") {
+  const std::vector<double> rewards{0.0, 3.5, 1.0, 2.0, 5.0, 5.0, 5.0, 4.0, -1.0, 0.5, 0.25, 8.0};
+  const double mean = std::accumulate(rewards.begin(), rewards.end(), 0.0) / 12.0;
+  double squares = 0.0;
+  for (const double r : rewards) squares += (r - mean) * (r - mean);
+  const double std = std::sqrt(squares / 11.0);  // unbiased, as torch.std and TRL's nanstd
+  std::vector<double> advantages(rewards.size());
+  dapo::core::group_advantages<double>(rewards, 4, advantages, {.epsilon = 1e-4, .std_over_batch = true});
+  for (std::size_t i = 0; i < rewards.size(); ++i) {
+    const auto first = rewards.begin() + static_cast<std::ptrdiff_t>(i / 4 * 4);
+    const double group_mean = std::accumulate(first, first + 4, 0.0) / 4.0;
+    CAPTURE(i);
+    CHECK(advantages[i] == doctest::Approx((rewards[i] - group_mean) / (std + 1e-4)).epsilon(1e-12));
+  }
+  // scale_by_std = false wins: only centred.
+  dapo::core::group_advantages<double>(rewards, 4, advantages, {.scale_by_std = false, .std_over_batch = true});
   CHECK(advantages[0] == doctest::Approx(0.0 - 6.5 / 4.0));
 }
 

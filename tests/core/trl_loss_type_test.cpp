@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/shared.hpp"
@@ -71,7 +72,11 @@ double trl_loss(const std::string& type, const TrlBatch& b, const dapo::TrlLossT
   if (type == "grpo" || type == "sapo") return row_means / kTrlRows / accumulation;
   if (type == "bnpo") return sum / std::max(tokens, 1.0) / accumulation;
   if (type == "dr_grpo") return sum / (kTrlRows * static_cast<double>(args.max_completion_length)) / accumulation;
-  return sum / (std::max(args.num_items_in_batch, 1.0) / static_cast<double>(args.num_processes));  // dapo, cispo
+  // dapo, cispo (TRL 1.16): num_items_in_batch rescaled to one accumulation window of the generation batch
+  const double steps_per_generation =
+      args.steps_per_generation > 0 ? static_cast<double>(args.steps_per_generation) : accumulation;
+  return sum / (std::max(args.num_items_in_batch, 1.0) / static_cast<double>(args.num_processes) * accumulation /
+                steps_per_generation);
 }
 
 }  // namespace
@@ -82,17 +87,19 @@ TEST_CASE("TRL's loss_type names give TRL's loss of a call through dapo's loss, 
   for (const double m : batch.mask) call_tokens += m;
   int checked = 0;
   for (const std::string type : {"grpo", "sapo", "bnpo", "dr_grpo", "dapo", "cispo"}) {
-    for (const double delta : {0.0, 1.6}) {
+    for (const auto& [delta, steps_per_generation] : {std::pair{0.0, int64_t{0}}, {1.6, 0}, {0.0, 8}}) {
       const bool two_sided = type == "grpo" || type == "bnpo" || type == "dr_grpo" || type == "dapo";
       if (delta > 0.0 && !two_sided) continue;
       CAPTURE(type);
       CAPTURE(delta);
+      CAPTURE(steps_per_generation);
       dapo::TrlLossTypeArgs args;
       args.epsilon = 0.2;
       args.epsilon_high = type == "cispo" ? 5.0 : 0.28;
       args.delta = delta;
       args.max_completion_length = 7;
       args.gradient_accumulation_steps = 4;
+      args.steps_per_generation = steps_per_generation;  // 8: two accumulation windows per generation batch
       args.num_processes = 2;
       args.num_items_in_batch = 3.0 * call_tokens;
       args.rows = kTrlRows;
@@ -107,7 +114,7 @@ TEST_CASE("TRL's loss_type names give TRL's loss of a call through dapo's loss, 
       ++checked;
     }
   }
-  CHECK(checked == 10);
+  CHECK(checked == 16);
 }
 
 TEST_CASE("TRL's loss_type: the names without a dapo loss, cispo without its cap, and delta off vanilla are refused") {

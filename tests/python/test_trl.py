@@ -109,3 +109,38 @@ def test_bad_arguments():
         dapo.trl.FusedLinearGRPOLoss()(hidden[:, :5], weight, ids, mask, advantages)
     with pytest.raises(ValueError, match="bias"):
         dapo.trl.FusedLinearGRPOLoss()(hidden, weight, ids, mask, advantages, bias=torch.zeros(23))
+
+
+def test_advantages_by_scale_rewards():
+    """dapo.trl.advantages: TRL's GRPOTrainer advantages written from their definition (epsilon 1e-4, stds unbiased)."""
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.randint(0, 5, (12,), generator=g).double() * 0.5
+    grouped = rewards.view(3, 4)
+    centred = (grouped - grouped.mean(1, keepdim=True)).reshape(-1)
+    group_std = grouped.std(1).repeat_interleave(4)
+    expected = {"group": centred / (group_std + 1e-4), "batch": centred / (rewards.std() + 1e-4), "none": centred}
+    for scale_rewards, want in expected.items():
+        torch.testing.assert_close(dapo.trl.advantages(rewards, 4, scale_rewards), want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="scale_rewards is 'global'"):
+        dapo.trl.advantages(rewards, 4, "global")
+
+
+def test_grpo_loss_equals_the_fused_module_on_the_same_log_probs():
+    """dapo.trl.grpo_loss (dapo::trl_loss_type's options) and FusedLinearGRPOLoss (its own mapping) agree for every
+    loss_type; steps_per_generation rescales dapo's and cispo's divisor as TRL 1.16 does."""
+    hidden, weight, ids, mask, advantages, old, ref = batch()
+    log_prob = torch.log_softmax(hidden @ weight.T, dim=-1).gather(-1, ids[..., None])[..., 0]
+    for loss_type in dapo.trl.LOSS_TYPES:
+        high = 5.0 if loss_type == "cispo" else 0.28
+        module = dapo.trl.FusedLinearGRPOLoss(beta=0.04, epsilon_high=high, loss_type=loss_type,
+                                              max_completion_length=mask.shape[1])
+        want, _ = module(hidden, weight, ids, mask, advantages, ref_per_token_logps=ref, old_per_token_logps=old)
+        got, _ = dapo.trl.grpo_loss(log_prob, old, advantages, mask, loss_type=loss_type, epsilon_high=high,
+                                    max_completion_length=mask.shape[1], beta=0.04, ref_per_token_logps=ref,
+                                    use_bias_correction_kl=False)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        if loss_type in ("dapo", "cispo"):  # divisor tokens * accumulation / steps_per_generation: 2x the loss here
+            rescaled, _ = dapo.trl.grpo_loss(log_prob, old, advantages, mask, loss_type=loss_type, epsilon_high=high,
+                                             beta=0.04, ref_per_token_logps=ref, gradient_accumulation_steps=2,
+                                             steps_per_generation=4, use_bias_correction_kl=False)
+            torch.testing.assert_close(rescaled, 2 * want, rtol=1e-10, atol=1e-12)

@@ -37,6 +37,24 @@ TEST_CASE("torch group_advantages: each group sums to zero") {
   CHECK(advantages.reshape({8, 8}).sum(1).abs().max().item<double>() < 1e-12);
 }
 
+TEST_CASE("torch group_advantages with std_over_batch equals the core's (TRL's scale_rewards=\"batch\")") {
+  const auto rewards = torch::rand({24}, torch::kFloat64) * 2.5;
+  const dapo::AdvantageOptions options{.epsilon = 1e-4, .std_over_batch = true};
+  const auto actual = dapo::test::values(dapo::group_advantages(rewards, 6, options));
+  const auto values = dapo::test::values(rewards);
+  std::vector<double> from_core(values.size());
+  dapo::core::group_advantages<double>(values, 6, from_core, options);
+  const auto batch_std = rewards.std().item<double>();  // unbiased
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    CAPTURE(i);
+    CHECK(dapo::test::close(actual[i], from_core[i], 1e-12, 1e-14));
+  }
+  // the scale is the batch's std: rescaled by it, the advantages are the centred rewards
+  const auto centred = dapo::test::values(dapo::group_advantages(rewards, 6, {.scale_by_std = false}));
+  for (std::size_t i = 0; i < values.size(); ++i)
+    CHECK(dapo::test::close(actual[i] * (batch_std + 1e-4), centred[i], 1e-12, 1e-14));
+}
+
 TEST_CASE("torch group_advantages rejects bad tensors naming what is wrong") {
   CHECK_THROWS_WITH_AS(dapo::group_advantages(torch::zeros({2, 4}), 4),
                        doctest::Contains("rewards has shape [2, 4], expected 1 dimension"), std::invalid_argument);

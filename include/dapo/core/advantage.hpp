@@ -16,6 +16,9 @@ namespace dapo {
 struct AdvantageOptions {
   bool scale_by_std = true;  // false: Dr. GRPO, A = r - mean
   double epsilon = 1e-6;     // A = (r - mean) / (std + epsilon), std unbiased (N-1)
+  // true: the std of all N rewards (unbiased, N-1) instead of the group's, the mean still the group's: TRL's
+  // scale_rewards="batch" (TRL's "group" is the default here, "none" is scale_by_std = false; TRL's epsilon is 1e-4).
+  bool std_over_batch = false;
 };
 
 namespace detail {
@@ -56,6 +59,18 @@ void group_advantages(std::span<const T> rewards, int64_t group_size, std::span<
   detail::check_advantage_options(options, kWhere);
   detail::check_finite(rewards, kWhere, "rewards");
 
+  double batch_scale = 1.0;  // std_over_batch: 1 / (std of all rewards + epsilon)
+  if (options.scale_by_std && options.std_over_batch) {
+    double mean = 0.0;
+    for (int64_t i = 0; i < count; ++i) mean += static_cast<double>(rewards[i]);
+    mean /= static_cast<double>(count);
+    double squares = 0.0;
+    for (int64_t i = 0; i < count; ++i) {
+      const double centered = static_cast<double>(rewards[i]) - mean;
+      squares += centered * centered;
+    }
+    batch_scale = 1.0 / (std::sqrt(squares / static_cast<double>(count - 1)) + options.epsilon);
+  }
   for (int64_t start = 0; start < count; start += group_size) {
     double mean = 0.0;
     for (int64_t i = start; i < start + group_size; ++i) mean += static_cast<double>(rewards[i]);
@@ -65,8 +80,10 @@ void group_advantages(std::span<const T> rewards, int64_t group_size, std::span<
       const double centered = static_cast<double>(rewards[i]) - mean;
       squares += centered * centered;
     }
-    const double scale =
-        options.scale_by_std ? 1.0 / (std::sqrt(squares / static_cast<double>(group_size - 1)) + options.epsilon) : 1.0;
+    const double scale = !options.scale_by_std ? 1.0
+                         : options.std_over_batch
+                             ? batch_scale
+                             : 1.0 / (std::sqrt(squares / static_cast<double>(group_size - 1)) + options.epsilon);
     for (int64_t i = start; i < start + group_size; ++i) {
       advantages[i] = static_cast<T>((static_cast<double>(rewards[i]) - mean) * scale);
     }

@@ -6,9 +6,10 @@
 //   sapo     the same aggregation with SAPO's soft gate (sapo_temperature_pos/neg = tau_pos/neg)
 //   bnpo     vanilla clip, the call's own token mean, / gradient accumulation steps
 //   dr_grpo  vanilla clip, token sum / (the call's rows * max_completion_length), / gradient accumulation steps
-//   dapo     vanilla clip, token sum / (num_items_in_batch / num_processes): the generation batch's tokens over
-//            every process; data parallel averages the processes' gradients, so each call's loss is num_processes
-//            times its exact share of the token mean
+//   dapo     vanilla clip, token sum / (num_items_in_batch / num_processes * gradient_accumulation_steps /
+//            steps_per_generation): the generation batch's tokens over every process, rescaled to one accumulation
+//            window (TRL 1.16; the factor is 1 with TRL's default steps_per_generation); data parallel averages the
+//            processes' gradients, so each call's loss is num_processes times its exact share of the token mean
 //   cispo    -sg[min(ratio, epsilon_high)] * A * logp (epsilon_high the cap itself; TRL recommends 5.0), dapo's divisor
 // TRL's two-sided clip (delta) applies to grpo, bnpo, dr_grpo and dapo; epsilon_high 0 means epsilon (TRL's default).
 #pragma once
@@ -28,6 +29,7 @@ struct TrlLossTypeArgs {  // GRPOConfig's fields, and what the trainer knows of 
   double sapo_temperature_pos = 1.0, sapo_temperature_neg = 1.05;
   int64_t max_completion_length = 256;
   int64_t gradient_accumulation_steps = 1;  // TRL's current_gradient_accumulation_steps
+  int64_t steps_per_generation = 0;         // dapo, cispo: TRL's steps_per_generation; 0: gradient_accumulation_steps
   int64_t num_processes = 1;
   double num_items_in_batch = 0.0;  // dapo, cispo: loss tokens of the generation batch on all processes; 0: this call's
   int64_t rows = 0;                 // grpo, sapo: the call's rows, empty ones included; 0: the rows with a token
@@ -41,11 +43,11 @@ struct TrlLossType {
 inline TrlLossType trl_loss_type(std::string_view loss_type, const TrlLossTypeArgs& args = {}) {
   constexpr const char* kWhere = "dapo::trl_loss_type";
   DAPO_REQUIRE(args.gradient_accumulation_steps >= 1 && args.num_processes >= 1 && args.max_completion_length >= 1 &&
-                   args.rows >= 0 && args.num_items_in_batch >= 0.0,
+                   args.rows >= 0 && args.num_items_in_batch >= 0.0 && args.steps_per_generation >= 0,
                kWhere, "gradient_accumulation_steps ", args.gradient_accumulation_steps, ", num_processes ",
                args.num_processes, ", max_completion_length ", args.max_completion_length, ", rows ", args.rows,
-               ", num_items_in_batch ", args.num_items_in_batch,
-               ": expected the first three >= 1 and the last two >= 0 (0 = this call's own)");
+               ", num_items_in_batch ", args.num_items_in_batch, ", steps_per_generation ", args.steps_per_generation,
+               ": expected the first three >= 1 and the last three >= 0 (0 = this call's own, or TRL's default)");
   TrlLossType out;
   PolicyLossOptions& o = out.options;
   o.clip_low = args.epsilon;
@@ -55,7 +57,10 @@ inline TrlLossType trl_loss_type(std::string_view loss_type, const TrlLossTypeAr
   const auto global_tokens = [&] {
     o.aggregation = LossAggregation::kTokenMean;
     o.global_token_count = args.num_items_in_batch;
-    out.loss_scale = static_cast<double>(args.num_processes);
+    const int64_t steps_per_generation =
+        args.steps_per_generation > 0 ? args.steps_per_generation : args.gradient_accumulation_steps;
+    out.loss_scale = static_cast<double>(args.num_processes) * static_cast<double>(steps_per_generation) /
+                     static_cast<double>(args.gradient_accumulation_steps);
   };
   if (loss_type == "grpo" || loss_type == "sapo") {
     o.mode = loss_type == "grpo" ? PolicyLossMode::kVanilla : PolicyLossMode::kSapo;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
 
 #include <algorithm>
@@ -123,8 +124,7 @@ inline CompositeTerms composite_terms(const torch::Tensor& logp, const torch::Te
       if (candidates.numel() > 0) {
         const auto clip_num =
             std::max<int64_t>(static_cast<int64_t>(options.clip_cov_ratio * mask.sum().item<double>()), 1);
-        const c10::optional<at::Generator> source =
-            generator.defined() ? c10::optional<at::Generator>(generator) : c10::nullopt;
+        const at::Generator source = generator.defined() ? generator : at::detail::getDefaultCPUGenerator();
         const torch::Tensor order =
             torch::randperm(candidates.numel(), source, torch::TensorOptions().dtype(torch::kLong));
         const torch::Tensor chosen =
