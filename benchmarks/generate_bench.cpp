@@ -1,14 +1,18 @@
 // Greedy decoding speed of qwen::generate (KV cache) on a random model of a named shape, against the memory-bandwidth
 // bound of a decode step: every step reads all weights and the KV cache once, so at batch B a step cannot take less
 // than (weight bytes + KV bytes) / bandwidth. EOS is ignored (no stop ids): every row decodes --new-tokens tokens.
-// Not a serving benchmark: one batch of equal-length prompts, no padding, no sampling.
+// Not a serving benchmark: one batch of prompts, EOS ignored. --decoding sample draws at temperature 1 (seed 0).
+// --model DIR loads a Hugging Face model directory instead of a shape's random weights, and --prompts FILE takes the
+// prompts from {"prompts": [[ids]]}: benchmarks/anchors_generate.py runs it so beside transformers' generate() on the
+// same weights and prompts, and compares the tokens (the JSON record holds them).
 //
 // Before timing it checks that, with the same weights in float32 on the same device, cached decoding yields the tokens
 // that recomputing the prefix every step yields (2 prompts x 16 tokens, 8 new tokens).
 //
 // Usage: generate_bench [--shape qwen2.5-1.5b|qwen2.5-0.5b|small|demo] [--device cpu|cuda[:N]]
 //                       [--dtype float32|bfloat16] [--batch B] [--prompt P] [--new-tokens N] [--repeats R]
-//                       [--bandwidth-gbs GB/s] [--json PATH] [--threads T]
+//                       [--bandwidth-gbs GB/s] [--json PATH] [--threads T] [--model DIR] [--prompts FILE]
+//                       [--decoding greedy|sample]
 //   defaults: qwen2.5-1.5b on cuda, bfloat16 on cuda / float32 on cpu, batch 64, prompt 256, 128 new tokens, 3 repeats,
 //   4300 GB/s (H200 HBM3e as commonly achieved by a streaming copy; the data sheet says 4800).
 //
@@ -19,6 +23,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -41,7 +47,9 @@ constexpr int64_t kFirstSpecialId = 151643;  // Qwen2.5's <|endoftext|>: prompts
 constexpr uint64_t kWeightSeed = 0, kCheckSeed = 1, kPromptSeed = 2;
 
 struct Args {
-  std::string shape = "qwen2.5-1.5b", json_path = "generate_bench.json", dtype_name;
+  std::string shape = "qwen2.5-1.5b", json_path = "generate_bench.json", dtype_name, model_dir, prompts_path;
+  std::string decoding = "greedy";
+  std::vector<std::vector<int64_t>> prompts;  // from --prompts; else random ones of --batch x --prompt
   torch::Device device = torch::kCPU;
   torch::ScalarType dtype = torch::kFloat32;
   int64_t batch = 64, prompt = 256, new_tokens = 128, repeats = 3;
@@ -65,9 +73,48 @@ std::optional<Args> parse_args(int argc, char** argv) {
       .integer("--repeats", args.repeats, 1, "R", "timed runs, of which the median counts")
       .positive("--bandwidth-gbs", args.bandwidth_gbs, "GB/s", "memory bandwidth of the bound")
       .text("--json", args.json_path, "PATH", "where the JSON record goes")
-      .integer("--threads", args.threads, 1, "T", "CPU threads");
+      .integer("--threads", args.threads, 1, "T", "CPU threads")
+      .text("--model", args.model_dir, "DIR", "a Hugging Face model directory instead of --shape's random weights")
+      .text("--prompts", args.prompts_path, "FILE", "JSON {\"prompts\": [[ids]]}: replaces --batch and --prompt")
+      .text("--decoding", args.decoding, "MODE", "greedy, or sample (temperature 1, seed 0)");
   if (!flags.parse(argc, argv)) return std::nullopt;
-  const qwen::Config config = dapo::bench::model_shape(args.shape);  // throws for an unknown shape
+  if (args.decoding != "greedy" && args.decoding != "sample") {
+    throw std::invalid_argument("--decoding is '" + args.decoding + "', expected greedy or sample");
+  }
+  if (!args.prompts_path.empty()) {
+    std::ifstream in(args.prompts_path);
+    if (!in) throw std::invalid_argument("--prompts: cannot open " + args.prompts_path);
+    nlohmann::json file;
+    try {
+      file = nlohmann::json::parse(in);
+      args.prompts = file.at("prompts").get<std::vector<std::vector<int64_t>>>();
+    } catch (const nlohmann::json::exception& error) {
+      throw std::invalid_argument("--prompts " + args.prompts_path + ": expected {\"prompts\": [[ids]]} (" +
+                                  error.what() + ")");
+    }
+    if (args.prompts.empty()) throw std::invalid_argument("--prompts " + args.prompts_path + " holds no prompt");
+    args.batch = static_cast<int64_t>(args.prompts.size());
+    args.prompt = 0;
+    for (std::size_t i = 0; i < args.prompts.size(); ++i) {
+      if (args.prompts[i].empty()) {
+        throw std::invalid_argument("--prompts " + args.prompts_path + ": prompt " + std::to_string(i) + " is empty");
+      }
+      args.prompt = std::max<int64_t>(args.prompt, static_cast<int64_t>(args.prompts[i].size()));
+    }
+  }
+  const qwen::Config config = args.model_dir.empty()
+                                  ? dapo::bench::model_shape(args.shape)  // throws for an unknown
+                                  : qwen::Config::from_file(std::filesystem::path(args.model_dir) / "config.json");
+  if (!args.model_dir.empty()) args.shape = args.model_dir;
+  for (std::size_t i = 0; i < args.prompts.size(); ++i) {
+    for (const int64_t id : args.prompts[i]) {
+      if (id < 0 || id >= config.vocab_size) {
+        throw std::invalid_argument("--prompts " + args.prompts_path + ": prompt " + std::to_string(i) + " holds id " +
+                                    std::to_string(id) + ", outside the vocabulary of " +
+                                    std::to_string(config.vocab_size));
+      }
+    }
+  }
   if (args.prompt + args.new_tokens > config.max_position_embeddings) {
     throw std::invalid_argument("--prompt " + std::to_string(args.prompt) + " + --new-tokens " +
                                 std::to_string(args.new_tokens) + " exceed the " + args.shape +
@@ -96,11 +143,11 @@ std::vector<std::vector<int64_t>> random_prompts(int64_t count, int64_t length, 
   return prompts;
 }
 
-qwen::GenerationOptions greedy(int64_t new_tokens, bool use_cache) {
+qwen::GenerationOptions greedy(int64_t new_tokens, bool use_cache, bool sample = false) {
   qwen::GenerationOptions options;
   options.max_new_tokens = new_tokens;
-  options.sampling.temperature = 0.0;  // greedy
-  options.stop_ids.clear();            // EOS ignored: every row runs to new_tokens
+  options.sampling.temperature = sample ? 1.0 : 0.0;  // 0: greedy; 1 without top-k / top-p: the full distribution
+  options.stop_ids.clear();                           // EOS ignored: every row runs to new_tokens
   options.use_cache = use_cache;
   return options;
 }
@@ -152,6 +199,7 @@ CheckResult check_cached_equals_recomputed(qwen::Qwen2ForCausalLM& model, torch:
 
 struct Timings {
   std::vector<double> generate_ms, prefill_ms, decode_ms_per_step;  // one entry per repeat
+  torch::Tensor tokens;                                             // [B, N] of the last full run
 };
 
 double timed_ms(const std::function<void()>& run, torch::Device device) {
@@ -164,8 +212,11 @@ double timed_ms(const std::function<void()>& run, torch::Device device) {
 
 // Per repeat: generate with N new tokens (t_N) and with 1 (t_1: prefill and the first token); one warm-up of both.
 Timings time_generate(qwen::Qwen2ForCausalLM& model, const Args& args) {
-  const auto prompts = random_prompts(args.batch, args.prompt, model->config().vocab_size, kPromptSeed);
-  const auto full = greedy(args.new_tokens, true), first = greedy(1, true);
+  const auto prompts = !args.prompts.empty()
+                           ? args.prompts
+                           : random_prompts(args.batch, args.prompt, model->config().vocab_size, kPromptSeed);
+  const bool sample = args.decoding == "sample";
+  const auto full = greedy(args.new_tokens, true, sample), first = greedy(1, true, sample);
   qwen::GenerationOutput out;
   out = qwen::generate(model, prompts, full);  // warm-up, and a look at the result
   if (out.tokens.size(0) != args.batch || out.tokens.size(1) != args.new_tokens ||
@@ -177,6 +228,7 @@ Timings time_generate(qwen::Qwen2ForCausalLM& model, const Args& args) {
   Timings timings;
   for (int64_t r = 0; r < args.repeats; ++r) {
     const double t_n = timed_ms([&] { out = qwen::generate(model, prompts, full); }, args.device);
+    timings.tokens = out.tokens.cpu();
     const double t_1 = timed_ms([&] { out = qwen::generate(model, prompts, first); }, args.device);
     timings.generate_ms.push_back(t_n);
     timings.prefill_ms.push_back(t_1);
@@ -202,22 +254,25 @@ ModelBytes model_bytes(qwen::Qwen2ForCausalLM& model) {
 
 int run(const Args& args) {
   at::set_num_threads(args.threads);
-  const qwen::Config config = dapo::bench::model_shape(args.shape);
-  // Built on the CPU (LibTorch modules allocate there), then moved, then initialised on the device: a 1.5B model's
-  // random fill is quick on a GPU. Float32 first: the check runs on these weights, the timing on their cast.
-  qwen::Qwen2ForCausalLM model(config);
-  model->to(args.device, torch::kFloat32);
-  torch::manual_seed(kWeightSeed);  // seeds the CPU's and every GPU's generator
-  qwen::initialize_weights(model);
+  qwen::Qwen2ForCausalLM model = args.model_dir.empty()
+                                     ? qwen::Qwen2ForCausalLM(dapo::bench::model_shape(args.shape))
+                                     : qwen::load_model(args.model_dir, torch::kFloat32, args.device);
+  const qwen::Config config = model->config();
+  if (args.model_dir.empty()) {
+    // Built on the CPU (LibTorch modules allocate there), then moved, then initialised on the device: a 1.5B model's
+    // random fill is quick on a GPU. Float32 first: the check runs on these weights, the timing on their cast.
+    model->to(args.device, torch::kFloat32);
+    torch::manual_seed(kWeightSeed);  // seeds the CPU's and every GPU's generator
+    qwen::initialize_weights(model);
+  }
   const CheckResult check = check_cached_equals_recomputed(model, args.device);
   if (args.dtype != torch::kFloat32) model->to(args.dtype);
   const ModelBytes bytes = model_bytes(model);
 
   const std::string device_name = dapo::bench::device_name(args.device);
-  std::printf(
-      "generate_bench: greedy decoding with the KV cache, %s shape (%.1fM parameters), random weights, %s, "
-      "EOS ignored\n",
-      args.shape.c_str(), static_cast<double>(bytes.parameters) / 1e6, args.dtype_name.c_str());
+  std::printf("generate_bench: %s decoding with the KV cache, %s (%.1fM parameters), %s, %s, EOS ignored\n",
+              args.decoding.c_str(), args.shape.c_str(), static_cast<double>(bytes.parameters) / 1e6,
+              args.model_dir.empty() ? "random weights" : "weights from the directory", args.dtype_name.c_str());
   std::printf("machine: %s; device: %s; %d threads, %s allocator, LibTorch %d.%d.%d\n",
               dapo::bench::cpu_model().c_str(), device_name.c_str(), args.threads, dapo::bench::allocator().c_str(),
               TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
@@ -273,6 +328,8 @@ int run(const Args& args) {
                         {"config", config.to_json()},
                         {"parameters", bytes.parameters},
                         {"dtype", args.dtype_name},
+                        {"decoding", args.decoding},
+                        {"model_dir", args.model_dir},
                         {"batch", args.batch},
                         {"prompt", args.prompt},
                         {"new_tokens", args.new_tokens},
@@ -297,6 +354,12 @@ int run(const Args& args) {
                         {"bandwidth_bound_ms_per_step", bound_ms},
                         {"bound_over_measured", bound_ms / decode_ms}};
   record.update(dapo::bench::peak_memory_json(peak));
+  std::vector<std::vector<int64_t>> tokens(static_cast<std::size_t>(timings.tokens.size(0)));
+  for (int64_t b = 0; b < timings.tokens.size(0); ++b) {
+    const torch::Tensor row = timings.tokens[b].contiguous();
+    tokens[static_cast<std::size_t>(b)].assign(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  record["tokens"] = tokens;
   dapo::bench::write_json(record, args.json_path);
   std::printf("wrote %s\n", args.json_path.c_str());
   return 0;

@@ -14,7 +14,13 @@ prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 build=${DAPO_BUILD_DIR:-build-pip-torch}
 cuda_args=()
 if command -v nvcc > /dev/null; then
+  # libtorch_cuda.so needs the wheel's own CUDA libraries (nvidia/*/lib beside torch, found at run time through its
+  # RUNPATH); at link time the linker must be told where they are, or it takes older ones from the system (an older
+  # libnccl.so.2 from the CUDA toolkit here: "undefined reference to ncclCommGrow").
+  site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  wheel_libs=$(find "$site/nvidia" -mindepth 2 -maxdepth 2 -name lib -type d 2> /dev/null | sort | paste -sd:)
   cuda_args=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DDAPO_CUDA_ARCHITECTURES=90)
+  [[ -z $wheel_libs ]] || cuda_args+=("-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$wheel_libs")
 else
   echo "pip-torch: no nvcc on the PATH: the CUDA kernels are not compiled (the CPU tests still run)" >&2
 fi

@@ -1,6 +1,7 @@
-"""dapo's fused losses for TRL users: a module with the call shape of Liger-Kernel's fused linear GRPO loss (the one
-TRL's GRPOTrainer calls with use_liger_kernel=True): last hidden states and the lm-head weight in, loss and metrics
-out, never the [B, T, V] logits.
+"""dapo's fused losses for TRL users: GRPOLossMixin, a drop-in for TRL's own GRPOTrainer loss; grpo_loss, that loss
+on per-token log-probs by GRPOConfig's names; advantages, TRL's; and a module with the call shape of Liger-Kernel's
+fused linear GRPO loss (which TRL 1.16's GRPOTrainer no longer calls: Liger serves its model only there): last hidden
+states and the lm-head weight in, loss and metrics out, never the [B, T, V] logits.
 
     loss_fn = dapo.trl.FusedLinearGRPOLoss(beta=0.0, epsilon_low=0.2, epsilon_high=0.28, loss_type="dapo")
     loss, metrics = loss_fn(last_hidden_state, model.lm_head.weight, completion_ids, completion_mask, advantages,
@@ -22,7 +23,7 @@ import torch
 
 import dapo
 
-__all__ = ["FusedLinearGRPOLoss", "grpo_loss", "advantages", "LOSS_TYPES", "SCALE_REWARDS"]
+__all__ = ["FusedLinearGRPOLoss", "GRPOLossMixin", "grpo_loss", "advantages", "LOSS_TYPES", "SCALE_REWARDS"]
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -277,3 +278,77 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         else:
             metrics.append(pg_metrics["actor/pg_clipfrac"])
         return loss, metrics
+
+
+class GRPOLossMixin:
+    """dapo's fused loss inside TRL's own GRPOTrainer, a drop-in for its loss:
+
+        from trl import GRPOTrainer
+        import dapo.trl
+
+        class Trainer(dapo.trl.GRPOLossMixin, GRPOTrainer):
+            pass
+
+        trainer = Trainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...)
+
+    Everything else stays TRL's (generation, rewards, advantages, masks, the reference model, the optimizer): only
+    _compute_loss is replaced. The per-token log-probs come from TRL's own _get_per_token_logps_and_entropies and the
+    loss from dapo.trl.grpo_loss with the trainer's settings (loss_type, epsilon / epsilon_high, delta,
+    importance_sampling_level, beta with use_bias_correction_kl, sapo temperatures, the accumulation and
+    steps_per_generation divisors, num_items_in_batch over the processes). Settings whose loss it does not compute are
+    refused by name: top_entropy_quantile < 1, off_policy_mask_threshold, vLLM importance-sampling correction, an
+    entropy bonus, a router aux loss, and the loss types vespo and luspo. Logs TRL's kl and clip_ratio/region_mean."""
+
+    def _dapo_unsupported(self):
+        args = self.args
+        checks = [
+            (self.loss_type not in LOSS_TYPES, f"loss_type '{self.loss_type}'"),
+            (getattr(self, "top_entropy_quantile", 1.0) < 1.0, "top_entropy_quantile < 1"),
+            (getattr(self, "off_policy_mask_threshold", None) is not None, "off_policy_mask_threshold"),
+            (getattr(self, "use_vllm", False) and getattr(self, "vllm_importance_sampling_correction", False),
+             "vllm_importance_sampling_correction"),
+            (getattr(self, "_entropy_bonus_enabled", False), "an entropy bonus (entropy_coef)"),
+            (getattr(self, "aux_loss_enabled", False), "a router aux loss"),
+        ]
+        return [name for bad, name in checks if bad]
+
+    def _compute_loss(self, model, inputs):
+        unsupported = self._dapo_unsupported()
+        if unsupported:
+            raise ValueError(f"dapo.trl.GRPOLossMixin: {', '.join(unsupported)} is not computed by dapo's loss; "
+                             "use TRL's own GRPOTrainer for it")
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, completion_ids.size(1))
+        training = self.model.training
+        accumulation = self.current_gradient_accumulation_steps if training else 1
+        loss, metrics = grpo_loss(
+            logps,
+            inputs.get("old_per_token_logps"),
+            inputs["advantages"],
+            mask,
+            loss_type=self.loss_type,
+            epsilon=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            delta=self.args.delta,
+            importance_sampling_level=self.importance_sampling_level,
+            sapo_temperature_pos=self.args.sapo_temperature_pos,
+            sapo_temperature_neg=self.args.sapo_temperature_neg,
+            max_completion_length=self.max_completion_length,
+            gradient_accumulation_steps=accumulation,
+            steps_per_generation=self.args.steps_per_generation if training else 1,
+            num_processes=self.accelerator.num_processes,
+            num_items_in_batch=float(inputs["num_items_in_batch"]),
+            beta=self.beta,
+            ref_per_token_logps=inputs.get("ref_per_token_logps"),
+            use_bias_correction_kl=self.args.use_bias_correction_kl,
+        )
+        mode = "train" if training else "eval"
+        if "kl" in metrics:
+            self._metrics[mode]["kl"].append(self.accelerator.gather(metrics["kl"]).mean().item())
+        if self.loss_type not in ("cispo", "sapo"):
+            clipped = self.accelerator.gather(metrics["actor/pg_clipfrac"].detach()).mean().item()
+            self._metrics[mode]["clip_ratio/region_mean"].append(clipped)
+        return loss

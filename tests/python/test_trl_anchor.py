@@ -35,6 +35,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 # float32 on both sides, different operation orders: relative bounds on the loss and on gradient norms.
 LOSS_RTOL, GRAD_RTOL = 2e-5, 1e-4
 SUMMARY = {}
+TRL_RESULTS = {}  # (loss_type, variant) -> TRL's loss and parameter gradients, reused by the mixin's test
 
 
 def tokenizer_dir():
@@ -124,8 +125,8 @@ def cases():
             yield pytest.param(loss_type, name, {**BASE, **fields, **extra}, id=f"{loss_type}-{name}")
 
 
-def trl_run(policy_dir, tmp_path, loss_type, fields, data):
-    """TRL's GRPOTrainer on the fixed rollouts: (trainer, inputs from _generate_and_score_completions, TRL's loss,
+def trl_run(policy_dir, tmp_path, loss_type, fields, data, trainer_class=GRPOTrainer):
+    """TRL's GRPOTrainer (or trainer_class) on the fixed rollouts: (trainer, inputs from _generate_and_score_completions, TRL's loss,
     TRL's d loss / d per-token log-probs, TRL's per-token log-probs)."""
     rows = len(data["prompt_ids"])
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
@@ -146,7 +147,7 @@ def trl_run(policy_dir, tmp_path, loss_type, fields, data):
     def fixed_reward(completions, reward, **kwargs):
         return list(reward)
 
-    trainer = GRPOTrainer(model=policy_dir, reward_funcs=fixed_reward, args=args, train_dataset=dataset,
+    trainer = trainer_class(model=policy_dir, reward_funcs=fixed_reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer)
     trainer.model.train()
     if fields.get("beta", 0.0) != 0.0:  # the reference is the saved policy: move the policy away from it
@@ -242,6 +243,7 @@ def test_trl_grpo_trainer_loss_equals_dapo(policy_dir, tmp_path, loss_type, vari
     trainer, output, trl_loss, trl_grad, trl_logps, trl_param_grads = trl_run(
         policy_dir, tmp_path, loss_type, fields, data
     )
+    TRL_RESULTS[(loss_type, variant)] = (trl_loss, trl_param_grads)
     prompt_ids, prompt_mask, completion_ids, mask, advantages = dapo_inputs(trainer, data, fields)
     # dapo's own inputs are TRL's: ids, mask (mask_truncated_completions), advantages (scale_rewards), token count.
     assert torch.equal(prompt_ids, output["prompt_ids"].cpu())
@@ -302,12 +304,47 @@ def test_trl_grpo_trainer_loss_equals_dapo(policy_dir, tmp_path, loss_type, vari
     SUMMARY.setdefault(loss_type, []).append(variant)
 
 
+class DapoGRPOTrainer(dapo.trl.GRPOLossMixin, GRPOTrainer):
+    """The documented drop-in: TRL's trainer with dapo's loss."""
+
+
+@pytest.mark.parametrize("loss_type,variant,fields", [
+    case for case in cases() if case.values[1] in ("plain", "sequence_beta", "scale_batch", "accumulation")
+])
+def test_dapo_loss_inside_trl_trainer(policy_dir, tmp_path, loss_type, variant, fields):
+    """GRPOTrainer with dapo.trl.GRPOLossMixin: the same loss and parameter gradients as TRL's own on the same
+    rollouts (everything else is TRL's: the inputs come from its own _generate_and_score_completions)."""
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    data = rollouts(tokenizer.eos_token_id)
+    if (loss_type, variant) in TRL_RESULTS:  # TRL's own run of the same case, above
+        trl_loss, trl_grads = TRL_RESULTS[(loss_type, variant)]
+    else:
+        _, _, trl_loss, _, _, trl_grads = trl_run(policy_dir, tmp_path / "trl", loss_type, fields, data)
+    _, _, ours, _, _, our_grads = trl_run(policy_dir, tmp_path / "dapo", loss_type, fields, data,
+                                          trainer_class=DapoGRPOTrainer)
+    assert abs(ours.item() - trl_loss.item()) <= LOSS_RTOL * abs(trl_loss.item()) + 1e-7, (ours, trl_loss)
+    assert set(our_grads) == set(trl_grads)
+    for name, grad in trl_grads.items():
+        assert relative(our_grads[name], grad) < GRAD_RTOL, name
+    SUMMARY.setdefault("mixin", []).append(f"{loss_type}-{variant}")
+
+
+def test_dapo_loss_mixin_refuses_what_it_does_not_compute(policy_dir, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    data = rollouts(tokenizer.eos_token_id)
+    with pytest.raises(ValueError, match="top_entropy_quantile < 1 is not computed by dapo's loss"):
+        trl_run(policy_dir, tmp_path, "dapo", {**BASE, "top_entropy_quantile": 0.5}, data,
+                trainer_class=DapoGRPOTrainer)
+
+
 def test_trl_anchor_summary():
     """Counts the cases above by loss_type and option (they run first, in file order)."""
     for loss_type in LOSS_TYPES:
         print(f"trl anchor: loss_type {loss_type}: {len(SUMMARY.get(loss_type, []))} cases equal "
               f"({', '.join(SUMMARY.get(loss_type, []))})")
     for variant in VARIANTS:
-        count = sum(variant in v for v in SUMMARY.values())
+        count = sum(variant in v for k, v in SUMMARY.items() if k != "mixin")
         print(f"trl anchor: option {variant}: {count} loss types equal")
+    print(f"trl anchor: GRPOTrainer with dapo.trl.GRPOLossMixin: {len(SUMMARY.get('mixin', []))} cases equal "
+          f"({', '.join(SUMMARY.get('mixin', []))})")
     assert sum(map(len, SUMMARY.values())) > 0
