@@ -110,12 +110,12 @@ def run_trl(model_dir, problems, args, tmp):
 
 def run_ours(qwen, model_dir, train_path, args, tmp):
     out = os.path.join(tmp, "run")
-    command = [qwen, "train", "--model", model_dir, "--train", train_path, "--test", train_path, "--output", out,
+    command = [qwen, "--threads", str(args.threads), "train", "--model", model_dir, "--train", train_path, "--test", train_path, "--output", out,
                "--steps", str(args.steps), "--train-batch-size", str(args.prompts), "--ppo-mini-batch-size",
                str(args.prompts), "--rollout-n", str(args.rollout_n), "--max-new-tokens", str(args.max_new_tokens),
                "--no-dynamic-sampling", "--eval-every", "0", "--lr", "1e-6", "--temperature", "1.0", "--top-k", "0",
                "--top-p", "1.0", "--loss-type", "dapo", "--clip-ratio-low", "0.2", "--clip-ratio-high", "0.28",
-               "--threads", str(args.threads), "--logger", "jsonl", "--log-rollouts", "0", "--seed", "0", "--quiet"]
+               "--logger", "jsonl", "--log-rollouts", "0", "--seed", "0", "--quiet"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"anchors_step: {' '.join(command)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")

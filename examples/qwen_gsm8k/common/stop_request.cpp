@@ -19,7 +19,7 @@ constexpr int kStopSignals[] = {SIGTERM, SIGINT};
 void on_stop_signal(int number) {
   int none = 0;
   first_signal.compare_exchange_strong(none, number);
-  signal_count.fetch_add(1);
+  const int earlier = signal_count.fetch_add(1);
   if (repeated_kills.load()) {
     // After SIGTERM a Ctrl-C must kill too (and the reverse): both go back to their default action. sigaction is
     // async-signal-safe.
@@ -27,6 +27,10 @@ void on_stop_signal(int number) {
     fallback.sa_handler = SIG_DFL;
     sigemptyset(&fallback.sa_mask);
     for (const int stop : kStopSignals) ::sigaction(stop, &fallback, nullptr);
+    // The handler's mask is per thread: two signals that come together can run this handler on two threads before
+    // either put the default back. The second one kills all the same: raised again in this thread, it stays blocked
+    // until the handler returns, then takes the default action.
+    if (earlier > 0) ::raise(number);
   }
 }
 
