@@ -14,6 +14,8 @@
 #include <string>
 #include <tuple>
 
+#include "value_errors.hpp"
+
 namespace {
 
 using Tensor = at::Tensor;
@@ -102,25 +104,25 @@ TORCH_LIBRARY_FRAGMENT(dapo, m) {
   m.def(
       "group_advantages(Tensor rewards, int group_size, bool scale_by_std, float epsilon, bool std_over_batch=False) "
       "-> Tensor",
-      &group_advantages);
+      dapo::python::value_errors<&group_advantages>);
   m.def(
       "estimate_advantages(Tensor token_level_rewards, Tensor response_mask, Tensor index, str estimator, "
       "bool norm_adv_by_std, float epsilon, float gamma, float f_norm) -> (Tensor advantages, Tensor returns)",
-      &estimate_advantages);
-  m.def("informative_groups(Tensor scores, int group_size) -> Tensor", &informative_groups);
+      dapo::python::value_errors<&estimate_advantages>);
+  m.def("informative_groups(Tensor scores, int group_size) -> Tensor", dapo::python::value_errors<&informative_groups>);
   m.def(
       "rollout_is_weights(Tensor log_ratio, Tensor response_mask, str rollout_is, str threshold, "
       "bool batch_normalize) -> (Tensor weights, Dict(str, float) metrics)",
-      &rollout_is_weights);
+      dapo::python::value_errors<&rollout_is_weights>);
   m.def(
       "rollout_rejection_mask(Tensor log_ratio, Tensor response_mask, str rollout_rs, str threshold) "
       "-> (Tensor mask, Dict(str, float) metrics)",
-      &rollout_rejection_mask);
+      dapo::python::value_errors<&rollout_rejection_mask>);
   m.def("overlong_penalty(Tensor lengths, int max_length, int cache_length, float factor) -> Tensor",
-        &overlong_penalty);
+        dapo::python::value_errors<&overlong_penalty>);
   m.def(
       "gsm8k_rewards(str response, str reference, bool lenient) "
       "-> (str extracted, float correctness, float digit, float hard_format, float mark)",
-      &gsm8k_rewards);
-  m.def("gsm8k_reference_answer(str answer_field) -> str", &gsm8k_reference_answer);
+      dapo::python::value_errors<&gsm8k_rewards>);
+  m.def("gsm8k_reference_answer(str answer_field) -> str", dapo::python::value_errors<&gsm8k_reference_answer>);
 }

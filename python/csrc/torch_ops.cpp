@@ -18,6 +18,8 @@
 #include <string>
 #include <tuple>
 
+#include "value_errors.hpp"
+
 namespace {
 
 using Tensor = at::Tensor;
@@ -162,25 +164,25 @@ TORCH_LIBRARY(dapo, m) {
       "float clip_cov_lb, float clip_cov_ub, int group_size, float norm_length, float global_token_count, "
       "float global_group_count, float global_row_count, float count_epsilon, Tensor? weights, "
       "Generator? generator) -> (Tensor loss, Tensor pg_clipfrac, Tensor ppo_kl, Tensor pg_clipfrac_lower)",
-      &policy_loss);
+      dapo::python::value_errors<&policy_loss>);
   m.def(
       "linear_logprobs(Tensor hidden, Tensor weight, Tensor targets, int chunk_size, float temperature, "
       "bool with_entropy) -> (Tensor log_prob, Tensor entropy)",
-      &linear_logprobs);
+      dapo::python::value_errors<&linear_logprobs>);
   m.def(
       "aggregation_weights(Tensor mask, str loss_agg_mode, int group_size, float norm_length, "
       "float global_token_count, float global_group_count, float global_row_count, float count_epsilon, "
       "ScalarType? dtype) -> Tensor",
-      &aggregation_weights);
+      dapo::python::value_errors<&aggregation_weights>);
   m.def(
       "agg_loss(Tensor loss_mat, Tensor loss_mask, str loss_agg_mode, int dp_size, float batch_num_tokens, "
       "float global_batch_size, float loss_scale_factor) -> Tensor",
-      &agg_loss);
-  m.def("kl_penalty(Tensor logprob, Tensor ref_logprob, str name) -> Tensor", &kl_penalty);
+      dapo::python::value_errors<&agg_loss>);
+  m.def("kl_penalty(Tensor logprob, Tensor ref_logprob, str name) -> Tensor", dapo::python::value_errors<&kl_penalty>);
   m.def(
       "trl_loss_options(str loss_type, float epsilon, float epsilon_high, float delta, float sapo_temperature_pos, "
       "float sapo_temperature_neg, int max_completion_length, int gradient_accumulation_steps, "
       "int steps_per_generation, int num_processes, float num_items_in_batch, int rows) -> (str loss_mode, "
       "str loss_agg_mode, Dict(str, float) options)",
-      &trl_loss_options);
+      dapo::python::value_errors<&trl_loss_options>);
 }

@@ -1,6 +1,7 @@
 // Batched sgemm with LibTorch 1.13's operand rules (see the header).
 #include "qwen_gsm8k/model/batched_matmul.hpp"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <torch/csrc/autograd/function.h>
@@ -27,8 +28,10 @@ using Sgemm = void (*)(const char* transa, const char* transb, const int* m, con
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
                        const float* beta, float* c, const int* ldc);
 
+// nullptr where LibTorch's bmm does not call it matrix by matrix: with MKL (pip's wheels) bmm hands the batch to
+// MKL's batched gemm, whose bits a loop of sgemm calls does not give; then batched_matmul is torch::bmm.
 Sgemm loaded_sgemm() {
-  static const auto sgemm = reinterpret_cast<Sgemm>(::dlsym(RTLD_DEFAULT, "sgemm_"));
+  static const auto sgemm = at::hasMKL() ? nullptr : reinterpret_cast<Sgemm>(::dlsym(RTLD_DEFAULT, "sgemm_"));
   return sgemm;
 }
 

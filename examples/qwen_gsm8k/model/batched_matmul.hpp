@@ -7,8 +7,8 @@
 // matrix as LibTorch's mm would (the same operand order, transposes and leading dimensions, chosen from the strides by
 // LibTorch's rules), but directly and in parallel over the batch: the results are bitwise those of torch::bmm, which
 // the tests check, and the demo's numbers do not move. Where that cannot hold (not CPU float32, no BLAS sgemm in
-// the process, products small enough for LibTorch's own loop) it calls torch::bmm. Autograd is supported: the
-// backward products are the ones LibTorch's bmm backward forms, made the same way.
+// the process, LibTorch with MKL, products small enough for LibTorch's own loop) it calls torch::bmm. Autograd is
+// supported: the backward products are the ones LibTorch's bmm backward forms, made the same way.
 #pragma once
 
 #include <torch/torch.h>
@@ -32,7 +32,8 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups);
 // the same bits); with them it makes repeat_kv's copy, whose backward sums each group's gradients.
 torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& shared, bool transpose_shared);
 
-// Whether batched_matmul can take the direct path in this process (a BLAS sgemm_ is loaded).
+// Whether batched_matmul can take the direct path in this process (a BLAS sgemm_ is loaded and LibTorch has no
+// MKL, so its bmm calls sgemm for each matrix).
 bool direct_batched_matmul_available();
 
 }  // namespace qwen
