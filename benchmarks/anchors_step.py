@@ -6,6 +6,9 @@ and mini-batching (the step's prompts x G rows in one micro-batch, one optimizer
 TRL's loss_type "dapo" = token-mean, no KL, no dynamic sampling). vLLM's CPU engine is not installable here
 (docs/benchmarks.md), so TRL generates with transformers.
 
+TRL runs twice: matched to ours' arithmetic (bf16=False, gradient_checkpointing=False: float32, every activation
+kept) and at TRL 1.16's own defaults (bf16 autocast, gradient checkpointing), what a user who sets nothing runs.
+
 Each side runs --steps steps; the last one's wall time is reported, split into generation and update:
   TRL:  generation = _generate_and_score_completions (generate, rewards, advantages; old log-probs are not computed
         at TRL's defaults), update = the rest of the step (the forward with log-probs, the loss, backward, optimizer)
@@ -76,7 +79,7 @@ class StepTimes(TrainerCallback):
         self.steps.append((time.perf_counter() - self.start, self.generation))
 
 
-def run_trl(model_dir, problems, args, tmp):
+def run_trl(model_dir, problems, args, tmp, defaults):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -90,6 +93,9 @@ def run_trl(model_dir, problems, args, tmp):
         learning_rate=1e-6, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, temperature=1.0, top_k=0,
         top_p=1.0, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, dataloader_num_workers=0,
         seed=0, shuffle_dataset=False,
+        # TRL 1.16's defaults train under bf16 autocast with gradient checkpointing; matched: ours' arithmetic
+        # (float32, every activation kept).
+        **({} if defaults else dict(bf16=False, gradient_checkpointing=False)),
     )
     times = StepTimes()
     trainer = GRPOTrainer(model=model_dir, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
@@ -147,17 +153,19 @@ def main():
             for p in problems:
                 f.write(json.dumps(p) + "\n")
         ours = run_ours(args.qwen, model_dir, subset, args, tmp)
-        theirs = run_trl(model_dir, problems, args, os.path.join(tmp, "trl"))
+        matched = run_trl(model_dir, problems, args, os.path.join(tmp, "trl"), defaults=False)
+        defaults = run_trl(model_dir, problems, args, os.path.join(tmp, "trl-defaults"), defaults=True)
     print(f"anchors_step: {args.shape} shape, {args.prompts} GSM8K prompts x G = {args.rollout_n}, "
           f"{args.max_new_tokens} new tokens, step {args.steps} of {args.steps}, {args.threads} threads; torch "
           f"{torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}")
-    print("| part | ours (s) | TRL GRPOTrainer (s) | TRL / ours |")
-    print("|---|---:|---:|---:|")
+    print("| part | ours (s) | TRL float32 (s) | TRL / ours | TRL's defaults: bf16, checkpointing (s) | TRL / ours |")
+    print("|---|---:|---:|---:|---:|---:|")
     for part, key in (("generation", "gen_s"), ("update", "update_s"), ("whole step", "step_s")):
-        print(f"| {part} | {ours[key]:.2f} | {theirs[key]:.2f} | {theirs[key] / ours[key]:.2f}x |")
+        print(f"| {part} | {ours[key]:.2f} | {matched[key]:.2f} | {matched[key] / ours[key]:.2f}x | "
+              f"{defaults[key]:.2f} | {defaults[key] / ours[key]:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "ours": ours, "trl": theirs}, f, indent=1)
+            json.dump({"args": vars(args), "ours": ours, "trl": matched, "trl_defaults": defaults}, f, indent=1)
 
 
 if __name__ == "__main__":
