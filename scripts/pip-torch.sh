@@ -49,3 +49,15 @@ if ((${#cuda_args[@]})); then
   echo "pip-torch: CUDA compiled and linked against pip's LibTorch: qwen_gsm8k holds $kernels policy-loss kernel stubs"
 fi
 DAPO_REQUIRE_TRL=1 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" -R "^($tests)\$" "$@"
+# TRL's anchor counts each loss_type and option it found equal (tests/python/test_trl_anchor.py): shown here, and
+# required, since ctest prints a passing test's output only into its log.
+if (($# == 0)); then
+  log=$build/Testing/Temporary/LastTest.log
+  grep -ao "trl anchor: .*" "$log" || true
+  for loss_type in dapo grpo bnpo dr_grpo; do
+    grep -aq "trl anchor: loss_type $loss_type: [1-9][0-9]* cases equal" "$log" || {
+      echo "pip-torch: TRL's anchor reported no equal case for loss_type $loss_type ($log)" >&2
+      exit 1
+    }
+  done
+fi
