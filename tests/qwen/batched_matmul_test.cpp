@@ -26,9 +26,11 @@ std::pair<torch::Tensor, torch::Tensor> operands(int64_t batch, int64_t m, int64
 TEST_CASE("batched_matmul gives torch::bmm's bits for every operand layout and shape") {
   // Debian's LibTorch has no MKL: its bmm calls sgemm matrix by matrix, and batched_matmul must take the direct path.
   // With MKL (pip's wheels) bmm is MKL's batched gemm and batched_matmul is torch::bmm itself.
-  if (!at::hasMKL()) REQUIRE(qwen::direct_batched_matmul_available());
-  if (at::hasMKL())
+  if (at::hasMKL()) {
     MESSAGE("LibTorch with MKL: batched_matmul is torch::bmm (the direct path mirrors bmm without MKL)");
+  } else {
+    REQUIRE(qwen::direct_batched_matmul_available());
+  }
   torch::manual_seed(3);
   const int threads = at::get_num_threads();
   at::set_num_threads(2);  // the batch split over threads, as in the driver

@@ -8,7 +8,8 @@
 // the program re-executes itself once with them set. Neither changes any result: the threads' number and the split
 // of the work stay the same. Only with OpenBLAS: pip's LibTorch multiplies with MKL on the OpenMP pool itself, one
 // pool, and there sleeping workers cost a wake-up per op (measured with generate_bench on 2 cores, LibTorch 2.15: the
-// demo's model decodes a step of 32 rows in 0.77 ms spinning, 3.7 ms passive; Qwen2.5-0.5B's 0.41 s either way).
+// demo's model decodes a step of 32 rows in 0.77 ms spinning, 3.2 to 3.7 ms passive; Qwen2.5-0.5B's 0.41 s either
+// way).
 //
 // OpenBLAS's thread count is a second setting: LibTorch's set_num_threads sizes its OpenMP pool only, and OpenBLAS
 // otherwise starts one thread per core, whatever --threads says, in every local rank. Its threaded products wait for
