@@ -174,7 +174,7 @@ TEST_CASE("CUDA: one trainer step on CUDA runs, keeps the weights there and give
   CHECK(std::isfinite(row.at("actor/pg_loss").get<double>()));
   CHECK(std::isfinite(row.at("actor/entropy").get<double>()));
   CHECK(std::isfinite(row.at("actor/grad_norm").get<double>()));
-  CHECK(row.at("skipped_updates") == 0);
+  CHECK(row.at("actor/skipped_updates") == 0);
   for (const auto& parameter : model->parameters()) CHECK(parameter.is_cuda());
   CHECK_FALSE(model->parameters()[0].detach().equal(before));  // it trained
   CHECK(trainer.evaluate().problems == 2);                     // greedy evaluation on CUDA
