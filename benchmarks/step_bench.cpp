@@ -5,7 +5,8 @@
 // fraction 0 in the first mini-batch) and the loss is finite.
 // Usage: step_bench [--shape demo|small|qwen2.5-0.5b|qwen2.5-1.5b] [--prompts P] [--rollout-n G] [--new-tokens N]
 //                   [--mini P] [--micro P] [--epochs E] [--steps S] [--device cpu|cuda[:N]]
-//                   [--autocast bfloat16|float16|off] [--threads T] [--json PATH] [--tokenizer DIR]
+//                   [--autocast bfloat16|float16|off] [--gradient-checkpointing 0|1] [--threads T] [--json PATH]
+//                   [--tokenizer DIR]
 //   demo:  the built-in demo model (hidden 64, 3 layers, byte vocabulary of 259) and its byte-level tokenizer
 //   small: hidden 256, 4 layers, 4 / 2 heads, intermediate 1024, Qwen2.5's vocabulary (151936) with tied embeddings
 //          (the lm-head dominates, as in the 0.5B-1.5B models) and the Qwen2.5 tokenizer from --tokenizer DIR
@@ -13,6 +14,7 @@
 //   --micro: prompts (groups) per forward/backward (TrainOptions::ppo_micro_batch_size); 0 = the mini-batch (default)
 //   --device: where the model lives (the trainer follows its weights); float32 weights and AdamW state everywhere
 //   --autocast: the forward passes' dtype (TrainOptions::autocast); default off on cpu, bfloat16 on cuda
+//   --gradient-checkpointing 1: the update recomputes each decoder layer in the backward (TrainOptions)
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -42,6 +44,7 @@ struct Args {
   torch::Device device = torch::kCPU;
   std::optional<torch::ScalarType> autocast;
   int64_t prompts = 8, rollout_n = 4, new_tokens = 64, mini = 4, micro = 0, epochs = 2, steps = 3;
+  int64_t gradient_checkpointing = 0;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
@@ -59,6 +62,8 @@ std::optional<Args> parse_args(int argc, char** argv) {
       .integer("--micro", args.micro, 0, "P", "prompts per forward/backward; 0 = the mini-batch")
       .text("--device", device, "DEVICE", "cpu, cuda or cuda:N")
       .text("--autocast", args.autocast_name, "TYPE", "bfloat16, float16 or off (default bfloat16 on cuda, off on cpu)")
+      .integer("--gradient-checkpointing", args.gradient_checkpointing, 0, "0|1",
+               "1: recompute each decoder layer in the backward (TrainOptions::gradient_checkpointing)")
       .integer("--epochs", args.epochs, 1, "E", "PPO epochs per step")
       .integer("--steps", args.steps, 1, "S", "timed steps")
       .integer("--threads", args.threads, 1, "T", "CPU threads")
@@ -69,6 +74,10 @@ std::optional<Args> parse_args(int argc, char** argv) {
   dapo::bench::model_shape(args.shape);  // throws for an unknown shape
   if (args.shape != "demo" && args.tokenizer_dir.empty()) {
     throw std::invalid_argument("the " + args.shape + " shape needs --tokenizer DIR (the Qwen2.5 tokenizer.json)");
+  }
+  if (args.gradient_checkpointing > 1) {
+    throw std::invalid_argument("--gradient-checkpointing is '" + std::to_string(args.gradient_checkpointing) +
+                                "', expected 0 or 1");
   }
   if (args.autocast_name.empty()) args.autocast_name = args.device.is_cuda() ? "bfloat16" : "off";
   if (args.autocast_name == "bfloat16")
@@ -88,6 +97,7 @@ qwen::TrainOptions step_options(const Args& args) {
   options.ppo_mini_batch_size = args.mini;
   options.ppo_micro_batch_size = args.micro;
   options.autocast = args.autocast;
+  options.gradient_checkpointing = args.gradient_checkpointing == 1;
   options.ppo_epochs = args.epochs;
   options.dynamic_sampling = false;  // a random model is never right
   options.max_new_tokens = args.new_tokens;

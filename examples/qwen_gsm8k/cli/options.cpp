@@ -368,6 +368,9 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
       ->check(finite());
   add_setting(command, "--mark-weight", o.rewards.mark_weight, "Weight of the tag reward (0.125 per tag)")
       ->check(finite());
+  add_switch(command, "--gradient-checkpointing", o.gradient_checkpointing,
+             "Recompute each decoder layer in the backward instead of keeping its activations: same gradients, "
+             "activation memory of one layer (verl enable_gradient_checkpointing, TRL gradient_checkpointing)");
   add_setting(command, "--logprob-chunk", o.logprob_chunk, "Rows of lm-head logits alive at once (memory vs speed)")
       ->check(positive());
   add_setting(command, "--max-rollout-rows", o.max_rollout_rows, "Sequences per generation call; 0 = all")

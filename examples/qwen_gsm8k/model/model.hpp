@@ -92,9 +92,14 @@ class Qwen2ModelImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
   RotaryEmbedding rotary_emb{nullptr};
+  // Gradient checkpointing per decoder layer (gradient_checkpointing.hpp): with gradients and no KV cache, each layer
+  // keeps only its input and is recomputed in the backward; the gradients are the same. Off by default.
+  void set_gradient_checkpointing(bool on) { gradient_checkpointing_ = on; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
 
  private:
   Config config_;
+  bool gradient_checkpointing_ = false;
 };
 TORCH_MODULE(Qwen2Model);
 

@@ -124,6 +124,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"autocast", !autocast                       ? "off"
                        : *autocast == torch::kBFloat16 ? "bfloat16"
                                                        : "float16"},
+          {"gradient_checkpointing", gradient_checkpointing},
           {"eval_every", eval_every},
           {"eval_problems", eval_problems},
           {"eval_pass_k", eval_pass_k},

@@ -85,6 +85,10 @@ struct TrainOptions {
   // Mixed precision (torch.autocast; verl's FSDP mixed precision): the forward passes (rollouts, log-probs, evaluation)
   // in this dtype, bfloat16 or float16, over float32 weights and optimizer state. Empty: the weights' dtype throughout.
   std::optional<torch::ScalarType> autocast;
+  // actor.model.enable_gradient_checkpointing (TRL gradient_checkpointing): the update's forward keeps each decoder
+  // layer's input only and recomputes the layer in the backward (model/gradient_checkpointing.hpp). Same gradients,
+  // activations of one layer instead of all, about one more forward per update.
+  bool gradient_checkpointing = false;
   int64_t max_rollout_rows = 0;  // sequences per generate() call; 0: all
   int64_t eval_every = 0;        // trainer.test_freq; 0: only at the start and the end
   int64_t eval_problems = 100;

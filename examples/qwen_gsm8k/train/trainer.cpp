@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include "qwen_gsm8k/common/seed.hpp"
@@ -38,8 +39,9 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-// A frozen copy of the model (same device and dtypes, no grad, eval mode): the reference policy of a KL loss.
-Qwen2ForCausalLM frozen_copy(const Qwen2ForCausalLM& model) {
+}  // namespace
+
+Qwen2ForCausalLM reference_policy(const Qwen2ForCausalLM& model, std::optional<torch::ScalarType> autocast) {
   Qwen2ForCausalLM copy(model->config());
   torch::NoGradGuard no_grad;
   const auto copy_from = [](const auto& sources, const auto& targets) {
@@ -47,12 +49,16 @@ Qwen2ForCausalLM frozen_copy(const Qwen2ForCausalLM& model) {
   };
   copy_from(model->named_parameters(), copy->named_parameters());
   copy_from(model->named_buffers(), copy->named_buffers());
+  if (autocast) {
+    for (const auto& module : copy->model->layers->modules(/*include_self=*/false)) {
+      if (module->as<torch::nn::Linear>() == nullptr) continue;
+      for (auto& parameter : module->parameters(/*recurse=*/false)) parameter.set_data(parameter.to(*autocast));
+    }
+  }
   for (auto& parameter : copy->parameters()) parameter.requires_grad_(false);
   copy->eval();
   return copy;
 }
-
-}  // namespace
 
 nlohmann::json EvalResult::to_json() const {
   nlohmann::json row{{"step", step}, {"problems", problems}, {"accuracy", accuracy}};
@@ -85,7 +91,9 @@ Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Proble
     communicator_->broadcast(state);
   }
   rollout_options_ = rollout_options(options_, tokenizer_);
-  if (options_.extras.kl_loss_coef > 0.0) reference_ = frozen_copy(model_);  // after the broadcast: rank 0's weights
+  model_->model->set_gradient_checkpointing(options_.gradient_checkpointing);
+  // After the broadcast: rank 0's weights.
+  if (options_.extras.kl_loss_coef > 0.0) reference_ = reference_policy(model_, options_.autocast);
   optimizer_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(options_.lr)
                                                                                .betas({options_.beta1, options_.beta2})
                                                                                .weight_decay(options_.weight_decay));

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,15 @@ struct RunResult {
   // The checkpoint written at the stop; empty when the run was not stopped, has no output_dir, or on ranks but 0.
   std::filesystem::path checkpoint;
 };
+
+// The reference policy of a KL loss: a frozen copy of `model` (same device, no grad, eval mode). Under autocast the
+// decoder layers' linear weights and biases are stored in the autocast dtype: autocast rounds them to it for every
+// product anyway, so the reference computes with the same rounded weights in about half the memory (1.5B: 3.6
+// instead of 6.2 GB); its log-probs are as close to float32's as autocast's over float32 weights (the last bits may
+// differ: LibTorch 1.13's CPU autocast takes another kernel for a linear layer whose weights are already bfloat16).
+// Embeddings (the tied lm-head with them), norms and an untied lm-head keep the model's dtype: the residual stream and
+// the log-prob statistics read them outside autocast's casts.
+Qwen2ForCausalLM reference_policy(const Qwen2ForCausalLM& model, std::optional<torch::ScalarType> autocast);
 
 // Data parallel (a communicator of more than one rank; see docs/distributed.md): every rank holds the whole model and
 // the same data order. Each generation round, rank r samples its contiguous share of the round's prompts; the groups

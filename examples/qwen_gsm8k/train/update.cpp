@@ -136,6 +136,17 @@ std::optional<std::array<double, 3>> PolicyUpdate::rollout_probs_diff(const Trai
                                diff.numel() > 1 ? diff.std().item<double>() : 0.0};
 }
 
+// Gradients set to none (PyTorch's zero_grad(set_to_none=True), LibTorch 1.13's zero_grad only zeroes them): their
+// memory, as much as the weights', goes back between updates, so rollouts and the no-grad passes never hold it; the
+// next backward allocates them afresh.
+namespace {
+void release_gradients(const std::vector<torch::Tensor>& parameters) {
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) parameter.mutable_grad() = torch::Tensor();
+  }
+}
+}  // namespace
+
 // One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step. The step's
 // first update (`first`) also records its forward's log-probs as the mini-batch's old ones, and their entropy.
 void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums) {
@@ -200,13 +211,14 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
     // A NaN or infinity anywhere in the summed gradient (every rank sees the same norm): skip the update, as verl's
     // actor does, so that neither the weights nor AdamW's moments take it in, and leave its loss and clip counts out
     // of the step's metrics. The schedule's clock still advances.
-    optimizer.zero_grad();
+    release_gradients(model->parameters());
     sums.clipped_by_update.push_back(0.0);
     ++sums.skipped;
     return;
   }
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   optimizer.step();
+  release_gradients(model->parameters());
   sums.loss += loss;
   sums.kl_loss += kl_sum;
   sums.grad_norm += grad_norm;

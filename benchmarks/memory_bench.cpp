@@ -1,0 +1,165 @@
+// The update's activation memory at a model shape, counted exactly by the tracking CPU allocator: the tensor bytes one
+// forward of the trainer's log-prob path (qwen::target_logprobs: the decoder, then the chunked lm-head log-probs) leaves
+// for its backward, and the peak through forward and backward beyond the weights and their gradients, with and
+// without gradient checkpointing, in float32 and under bfloat16 autocast, and the seconds each takes. Two layer counts
+// separate the per-layer part (bytes per token per decoder layer) from the rest (embeddings, final norm, lm-head).
+// Under autocast each layer's forward also keeps its weights' bfloat16 casts for the backward (a fixed number of bytes
+// per layer, not per token): they are taken out of the per-token figure and shown on their own.
+// A random model of the named shape with fewer layers: the layers are the shape's own.
+// Usage: memory_bench [--shape qwen2.5-1.5b|qwen2.5-0.5b|small|demo] [--layers A] [--more-layers B] [--rows R]
+//                     [--tokens T] [--response R] [--threads N] [--json PATH]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/model/memory_tracker.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/batch.hpp"
+#include "support/flags.hpp"
+#include "support/harness.hpp"
+#include "support/shapes.hpp"
+
+namespace {
+
+struct Args {
+  std::string shape = "qwen2.5-1.5b", json_path = "memory_bench.json";
+  int64_t layers = 1, more_layers = 2, rows = 2, tokens = 256, response = 128;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+};
+
+struct Measure {
+  int64_t held = 0;  // bytes the forward left for the backward (the graph's saved tensors and the log-probs)
+  int64_t peak = 0;  // the most bytes at once through forward and backward beyond the weights and the gradients
+  double seconds = 0;
+};
+
+int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& tensor : tensors) bytes += tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  return bytes;
+}
+
+// One forward and backward of -sum(log-probs of the response tokens), the update's shape of work.
+Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpointing,
+                std::optional<torch::ScalarType> autocast) {
+  model->model->set_gradient_checkpointing(checkpointing);
+  for (auto& parameter : model->parameters()) parameter.mutable_grad() = torch::Tensor();
+  torch::manual_seed(1);
+  const torch::Tensor ids = torch::randint(0, model->config().vocab_size, {args.rows, args.tokens}, torch::kInt64);
+  const torch::Tensor attention = torch::ones({args.rows, args.tokens}, torch::kInt64);
+  torch::Tensor loss_mask = torch::zeros({args.rows, args.tokens - 1}, torch::kBool);
+  loss_mask.narrow(1, args.tokens - 1 - args.response, args.response).fill_(true);
+  const qwen::CpuMemoryTracker tracker;
+  const int64_t base = tracker.current_bytes();
+  const auto started = std::chrono::steady_clock::now();
+  const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast});
+  Measure out;
+  out.held = tracker.current_bytes() - base;
+  (-logp.sum()).backward();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::vector<torch::Tensor> gradients;
+  for (const auto& parameter : model->parameters()) {
+    if (parameter.grad().defined()) gradients.push_back(parameter.grad());
+  }
+  out.peak = tracker.peak_bytes() - base - tensor_bytes(gradients);
+  for (auto& parameter : model->parameters()) parameter.mutable_grad() = torch::Tensor();
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Args args;
+  dapo::bench::Flags flags("memory_bench");
+  flags.text("--shape", args.shape, "NAME", dapo::bench::kShapeNames)
+      .integer("--layers", args.layers, 1, "A", "decoder layers of the first model")
+      .integer("--more-layers", args.more_layers, 2, "B", "decoder layers of the second (B > A)")
+      .integer("--rows", args.rows, 1, "R", "sequences per forward")
+      .integer("--tokens", args.tokens, 2, "T", "tokens per sequence (prompt + response, no padding)")
+      .integer("--response", args.response, 1, "N", "response tokens per sequence (the log-prob targets), < T")
+      .integer("--threads", args.threads, 1, "N", "CPU threads")
+      .text("--json", args.json_path, "PATH", "where the JSON record goes");
+  if (!flags.parse(argc, argv)) return 0;
+  if (args.more_layers <= args.layers) throw std::invalid_argument("--more-layers must be above --layers");
+  if (args.response >= args.tokens) throw std::invalid_argument("--response must be below --tokens");
+  at::set_num_threads(args.threads);
+  qwen::Config config = dapo::bench::model_shape(args.shape);
+  static_cast<void>(qwen::set_blas_threads(qwen::blas_threads_for(config.hidden_size, args.threads)));
+  const int64_t tokens = args.rows * args.tokens;
+  std::printf("memory_bench: %s shape, %lld x %lld tokens (%lld response tokens each), %d threads, LibTorch %s\n",
+              args.shape.c_str(), static_cast<long long>(args.rows), static_cast<long long>(args.tokens),
+              static_cast<long long>(args.response), args.threads, TORCH_VERSION);
+
+  struct Case {
+    const char* precision;
+    std::optional<torch::ScalarType> autocast;
+    bool checkpointing;
+  };
+  const std::vector<Case> cases{{"float32", std::nullopt, false},
+                                {"float32", std::nullopt, true},
+                                {"bfloat16 autocast", torch::kBFloat16, false},
+                                {"bfloat16 autocast", torch::kBFloat16, true}};
+  std::vector<std::vector<Measure>> by_layers;  // [layer count][case]
+  int64_t layer_linear_elements = 0;            // one decoder layer's linear weights and biases
+  for (const int64_t layers : {args.layers, args.more_layers}) {
+    config.num_hidden_layers = layers;
+    torch::manual_seed(0);
+    qwen::Qwen2ForCausalLM model(config);
+    qwen::initialize_weights(model);
+    model->train();
+    layer_linear_elements = 0;
+    for (const auto& module : model->model->layers[0]->modules()) {
+      if (module->as<torch::nn::Linear>() == nullptr) continue;
+      for (const auto& parameter : module->parameters(/*recurse=*/false)) layer_linear_elements += parameter.numel();
+    }
+    std::vector<Measure> row;
+    for (const Case& c : cases) row.push_back(measure(model, args, c.checkpointing, c.autocast));
+    by_layers.push_back(row);
+  }
+
+  std::printf("%-18s %-6s %14s %14s %12s %16s %14s %12s %10s\n", "precision", "ckpt", "held, A layers",
+              "held, B layers", "casts/layer", "per token-layer", "rest", "peak, B", "seconds, B");
+  nlohmann::json results = nlohmann::json::array();
+  const auto span = static_cast<double>(args.more_layers - args.layers);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Measure &a = by_layers[0][i], &b = by_layers[1][i];
+    // The weights' casts stay for the backward only where the forward records a graph through the layer.
+    const int64_t casts = cases[i].autocast && !cases[i].checkpointing
+                              ? layer_linear_elements * static_cast<int64_t>(c10::elementSize(*cases[i].autocast))
+                              : 0;
+    const double per_layer = static_cast<double>(b.held - a.held) / span;
+    const double per_layer_token = (per_layer - static_cast<double>(casts)) / static_cast<double>(tokens);
+    const double rest = static_cast<double>(a.held) - per_layer * static_cast<double>(args.layers);
+    std::printf("%-18s %-6s %14lld %14lld %12lld %16.1f %14.0f %12lld %10.2f\n", cases[i].precision,
+                cases[i].checkpointing ? "on" : "off", static_cast<long long>(a.held), static_cast<long long>(b.held),
+                static_cast<long long>(casts), per_layer_token, rest, static_cast<long long>(b.peak), b.seconds);
+    results.push_back({{"precision", cases[i].precision},
+                       {"gradient_checkpointing", cases[i].checkpointing},
+                       {"held_bytes", {a.held, b.held}},
+                       {"peak_bytes", {a.peak, b.peak}},
+                       {"seconds", {a.seconds, b.seconds}},
+                       {"weight_cast_bytes_per_layer", casts},
+                       {"bytes_per_token_per_layer", per_layer_token},
+                       {"rest_bytes", rest}});
+  }
+  dapo::bench::write_json({{"benchmark", "update activation memory (tracking CPU allocator)"},
+                           {"machine", dapo::bench::machine()},
+                           {"shape", args.shape},
+                           {"layers", {args.layers, args.more_layers}},
+                           {"rows", args.rows},
+                           {"tokens", args.tokens},
+                           {"response", args.response},
+                           {"results", results}},
+                          args.json_path);
+  std::printf("wrote %s\n", args.json_path.c_str());
+  return 0;
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "memory_bench: %s\n", error.what());
+  return 1;
+}
