@@ -1,6 +1,6 @@
 // The update's activation memory at a model shape, counted exactly by the tracking CPU allocator: the tensor bytes one
-// forward of the trainer's log-prob path (qwen::target_logprobs: the decoder, then the chunked lm-head log-probs) leaves
-// for its backward, and the peak through forward and backward beyond the weights and their gradients, with and
+// forward of the trainer's log-prob path (qwen::target_logprobs: the decoder, then the chunked lm-head log-probs)
+// leaves for its backward, and the peak through forward and backward beyond the weights and their gradients, with and
 // without gradient checkpointing, in float32 and under bfloat16 autocast, and the seconds each takes. Two layer counts
 // separate the per-layer part (bytes per token per decoder layer) from the rest (embeddings, final norm, lm-head).
 // Under autocast each layer's forward also keeps its weights' bfloat16 casts for the backward (a fixed number of bytes
