@@ -21,6 +21,7 @@
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
+#include "qwen_gsm8k/train/update.hpp"
 #include "support/flags.hpp"
 #include "support/harness.hpp"
 #include "support/shapes.hpp"
@@ -49,7 +50,7 @@ int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
 Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpointing,
                 std::optional<torch::ScalarType> autocast) {
   model->model->set_gradient_checkpointing(checkpointing);
-  for (auto& parameter : model->parameters()) parameter.mutable_grad() = torch::Tensor();
+  qwen::release_gradients(model->parameters());
   torch::manual_seed(1);
   const torch::Tensor ids = torch::randint(0, model->config().vocab_size, {args.rows, args.tokens}, torch::kInt64);
   const torch::Tensor attention = torch::ones({args.rows, args.tokens}, torch::kInt64);
@@ -68,7 +69,7 @@ Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpoint
     if (parameter.grad().defined()) gradients.push_back(parameter.grad());
   }
   out.peak = tracker.peak_bytes() - base - tensor_bytes(gradients);
-  for (auto& parameter : model->parameters()) parameter.mutable_grad() = torch::Tensor();
+  qwen::release_gradients(model->parameters());
   return out;
 }
 

@@ -175,10 +175,8 @@ TEST_CASE("the trainer: rollouts keep the sampler's log-probs, every step logs v
   qwen::Qwen2ForCausalLM model(qwen::demo_model_config());
   qwen::initialize_weights(model);
   const auto problems = qwen::make_demo_problems({.test_count = 4});
-  auto options = dapo::test::small_train_options({});
+  auto options = dapo::test::demo_step_options();
   options.total_steps = 1;
-  options.max_new_tokens = 6;
-  options.system_prompt = "Answer.";
   options.extras.kl_loss_coef = 0.1;
   options.extras.rollout_is = "sequence";
   options.extras.rollout_rs = "seq_mean_k3";

@@ -32,9 +32,7 @@ StepResult one_step(bool gradient_checkpointing, std::optional<torch::ScalarType
   torch::manual_seed(0);
   qwen::Qwen2ForCausalLM model(qwen::demo_model_config());
   qwen::initialize_weights(model);
-  auto options = dapo::test::small_train_options({});
-  options.max_new_tokens = 6;
-  options.system_prompt = "Answer.";
+  auto options = dapo::test::demo_step_options();
   options.autocast = autocast;
   options.gradient_checkpointing = gradient_checkpointing;
   options.extras.entropy_coeff = 0.01;  // a second term through the checkpointed layers

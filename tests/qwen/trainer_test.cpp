@@ -234,9 +234,7 @@ TEST_CASE("autocast (mixed precision): bfloat16 forward passes over float32 weig
     torch::manual_seed(0);
     qwen::Qwen2ForCausalLM model(qwen::demo_model_config());
     qwen::initialize_weights(model);
-    auto options = dapo::test::small_train_options({});
-    options.max_new_tokens = 6;
-    options.system_prompt = "Answer.";
+    auto options = dapo::test::demo_step_options();
     options.autocast = autocast;
     qwen::Trainer trainer(model, qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"}),
                           problems.train, problems.test, options);

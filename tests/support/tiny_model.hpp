@@ -45,4 +45,12 @@ inline qwen::TrainOptions small_train_options(const std::filesystem::path& outpu
   return options;
 }
 
+// small_train_options for one quick step of the demo model without output: 6 new tokens, a short system prompt.
+inline qwen::TrainOptions demo_step_options() {
+  qwen::TrainOptions options = small_train_options({});
+  options.max_new_tokens = 6;
+  options.system_prompt = "Answer.";
+  return options;
+}
+
 }  // namespace dapo::test

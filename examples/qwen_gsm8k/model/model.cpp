@@ -180,14 +180,14 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
   const auto [cos, sin] = rotary_emb(position_ids);
   const bool checkpoint = gradient_checkpointing_ && cache == nullptr && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::shared_ptr<DecoderLayerImpl> layer = layers->ptr<DecoderLayerImpl>(static_cast<std::size_t>(i));
     if (checkpoint) {
-      const std::shared_ptr<DecoderLayerImpl> layer = layers->ptr<DecoderLayerImpl>(static_cast<std::size_t>(i));
       const auto run = [layer, cos = cos, sin = sin, mask, i](const torch::Tensor& x) {
         return layer->forward(x, cos, sin, mask, nullptr, i);
       };
       hidden = checkpointed(run, hidden, layer->parameters());
     } else {
-      hidden = layers[static_cast<std::size_t>(i)]->as<DecoderLayerImpl>()->forward(hidden, cos, sin, mask, cache, i);
+      hidden = layer->forward(hidden, cos, sin, mask, cache, i);
     }
   }
   if (cache != nullptr) cache->advance(positions);

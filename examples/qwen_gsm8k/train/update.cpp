@@ -136,16 +136,11 @@ std::optional<std::array<double, 3>> PolicyUpdate::rollout_probs_diff(const Trai
                                diff.numel() > 1 ? diff.std().item<double>() : 0.0};
 }
 
-// Gradients set to none (PyTorch's zero_grad(set_to_none=True), LibTorch 1.13's zero_grad only zeroes them): their
-// memory, as much as the weights', goes back between updates, so rollouts and the no-grad passes never hold it; the
-// next backward allocates them afresh.
-namespace {
 void release_gradients(const std::vector<torch::Tensor>& parameters) {
   for (const auto& parameter : parameters) {
     if (parameter.grad().defined()) parameter.mutable_grad() = torch::Tensor();
   }
 }
-}  // namespace
 
 // One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step. The step's
 // first update (`first`) also records its forward's log-probs as the mini-batch's old ones, and their entropy.
@@ -162,7 +157,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   const dapo::PolicyLossOptions term_options = dapo::micro_batch_options(token_options, mini.counts);
   const bool kl_loss = options.extras.kl_loss_coef > 0.0, entropy_term = options.extras.entropy_coeff != 0.0;
   const dapo::KlPenalty penalty = dapo::parse_kl_penalty(options.extras.kl_loss_type);
-  optimizer.zero_grad();
+  release_gradients(model->parameters());  // none left by the last update; any a caller left start nothing
   double loss = 0, clipped = 0, kl_sum = 0;
   std::vector<double> dual_clipped,
       kl;  // per micro-batch, added to the step's sums (in order) if the update is applied

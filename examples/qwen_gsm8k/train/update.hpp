@@ -47,6 +47,11 @@ struct MiniBatch {
 std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_groups, int64_t micro_groups,
                                          int64_t own_begin, int64_t own_end);
 
+// Gradients set to none (PyTorch's zero_grad(set_to_none=True); LibTorch 1.13's zero_grad only zeroes them): their
+// memory, as much as the weights', goes back, so rollouts and the no-grad passes never hold it; the next backward
+// allocates them afresh. The update does this before and after every optimizer step.
+void release_gradients(const std::vector<torch::Tensor>& parameters);
+
 // The step's update, summed over the ranks.
 struct UpdateMetrics {
   double loss = 0.0;  // mean over applied updates of the mini-batch loss
