@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
@@ -39,12 +40,6 @@ struct Measure {
   int64_t peak = 0;  // the most bytes at once through forward and backward beyond the weights and the gradients
   double seconds = 0;
 };
-
-int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
-  int64_t bytes = 0;
-  for (const auto& tensor : tensors) bytes += tensor.numel() * static_cast<int64_t>(tensor.element_size());
-  return bytes;
-}
 
 // One forward and backward of -sum(log-probs of the response tokens), the update's shape of work.
 Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpointing,
@@ -68,7 +63,7 @@ Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpoint
   for (const auto& parameter : model->parameters()) {
     if (parameter.grad().defined()) gradients.push_back(parameter.grad());
   }
-  out.peak = tracker.peak_bytes() - base - tensor_bytes(gradients);
+  out.peak = tracker.peak_bytes() - base - qwen::tensor_bytes(gradients);
   qwen::release_gradients(model->parameters());
   return out;
 }

@@ -52,12 +52,11 @@ torch::Tensor sliced_logprobs(qwen::Qwen2ForCausalLM& model, const qwen::TrainBa
   for (const auto& mini : plan) {
     for (const auto& micro : mini.micro_batches) {
       const auto slice = [&](const torch::Tensor& tensor, int64_t columns) {
-        return tensor.narrow(0, micro.first_row, micro.rows).narrow(1, 0, columns);
+        return micro.take(tensor).narrow(1, 0, columns);
       };
-      slice(out, micro.length - 1)
-          .copy_(qwen::response_logprobs(model, slice(batch.padded.input_ids, micro.length),
-                                         slice(batch.padded.attention_mask, micro.length),
-                                         slice(batch.padded.loss_mask, micro.length - 1), {}));
+      micro.put(out, qwen::response_logprobs(model, slice(batch.padded.input_ids, micro.length),
+                                             slice(batch.padded.attention_mask, micro.length),
+                                             slice(batch.padded.loss_mask, micro.length - 1), {}));
     }
   }
   return out;
@@ -85,7 +84,8 @@ TEST_CASE("rollout correction: old log-probs of every mini-batch first, IS weigh
   qwen::Qwen2ForCausalLM model = extras_model(11);
   qwen::TrainBatch batch = extras_batch(kAdvantages);
   const torch::Tensor mask_before = batch.padded.loss_mask.clone();
-  const torch::Tensor old = sliced_logprobs(model, batch, qwen::plan_mini_batches(batch, 2, 1, 0, 2));
+  const torch::Tensor old =
+      sliced_logprobs(model, batch, qwen::plan_mini_batches(batch, {.mini_groups = 2, .micro_groups = 1}, 0, 2));
   // The sampler agrees everywhere but at the first response token of rows 1 and 6, where it put 3 nats more: there
   // log_ratio = -3, k1 = 3 > log 2, and token_k1 rejects them.
   batch.rollout_logp = old.clone();

@@ -179,10 +179,11 @@ std::optional<std::vector<std::string>> torchrun_workaround(const std::filesyste
   return std::vector<std::string>{"--redirects", "2", "--tee", "2", "--log_dir", (scratch / "torchelastic").string()};
 }
 
-// Whether a metrics or summary field measures time (or speed), which differs from run to run.
+// Whether a metrics or summary field measures time (or speed), which differs from run to run, or memory.
 bool varies_with_clock(const std::string& key) {
   return key.rfind("timing_s/", 0) == 0 || key.ends_with("seconds") || key.ends_with("per_second") ||
-         key == "perf/throughput" || key == "perf/time_per_step";
+         key == "perf/throughput" || key == "perf/time_per_step" ||
+         key.rfind("perf/max_memory_", 0) == 0;  // one process holds what two ranks share
 }
 
 nlohmann::json untimed(nlohmann::json value) {

@@ -127,6 +127,12 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
                           "perf/update_tokens_per_second"}) {
     CHECK_MESSAGE(metrics.back().contains(key), key);
   }
+  // The step's peak tensor memory on the CPU: at least the weights (held throughout), their gradients and AdamW's two
+  // moments (all alive at the optimizer step), float32 here.
+  const double weights_gb =
+      static_cast<double>(qwen::tensor_bytes(first.model()->parameters())) / (1024.0 * 1024.0 * 1024.0);
+  CHECK(metrics.back().at("perf/max_memory_allocated_gb").get<double>() >= 4.0 * weights_gb);
+  CHECK(!metrics.back().contains("perf/max_memory_reserved_gb"));  // CUDA's caching allocator only
   // Group advantages of the trained batch have mean 0 per group, so over the batch's tokens they straddle 0.
   CHECK(metrics.back().at("critic/advantages/min").get<double>() <= 0.0);
   CHECK(metrics.back().at("critic/advantages/max").get<double>() >= 0.0);
@@ -411,7 +417,7 @@ TEST_CASE("the first update's forward gives its mini-batch's old log-probs: bitw
 
   // What the no-grad pass over every micro-batch gives before any update: the old log-probs and their entropy.
   const auto communicator = qwen::Communicator::create({}, torch::kCPU);
-  const auto plan = qwen::plan_mini_batches(batch, 2, 1, 0, 2);
+  const auto plan = qwen::plan_mini_batches(batch, {.mini_groups = 2, .micro_groups = 1}, 0, 2);
   REQUIRE(plan.size() == 2);
   torch::Tensor expected = torch::zeros(batch.padded.loss_mask.sizes(), torch::kFloat32);
   double entropy = 0.0;
@@ -420,13 +426,11 @@ TEST_CASE("the first update's forward gives its mini-batch's old log-probs: bitw
     for (const auto& mini : plan) {
       for (const auto& micro : mini.micro_batches) {
         const auto slice = [&](const torch::Tensor& tensor, int64_t columns) {
-          return tensor.narrow(0, micro.first_row, micro.rows).narrow(1, 0, columns);
+          return micro.take(tensor).narrow(1, 0, columns);
         };
-        expected.narrow(0, micro.first_row, micro.rows)
-            .narrow(1, 0, micro.length - 1)
-            .copy_(qwen::response_logprobs(model, slice(batch.padded.input_ids, micro.length),
-                                           slice(batch.padded.attention_mask, micro.length),
-                                           slice(batch.padded.loss_mask, micro.length - 1), {}, &entropy));
+        micro.put(expected, qwen::response_logprobs(model, slice(batch.padded.input_ids, micro.length),
+                                                    slice(batch.padded.attention_mask, micro.length),
+                                                    slice(batch.padded.loss_mask, micro.length - 1), {}, &entropy));
       }
     }
   }

@@ -262,6 +262,17 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
   add_setting(command, "--ppo-micro-batch-size", o.ppo_micro_batch_size,
               "Groups per forward/backward (verl actor.ppo_micro_batch_size_per_gpu); 0 = mini-batch")
       ->check(non_negative());
+  add_switch(command, "--use-dynamic-bsz", o.use_dynamic_bsz,
+             "Micro-batches by a token budget: rows packed longest first, each micro-batch at most "
+             "--ppo-max-token-len-per-gpu padded tokens; replaces --ppo-micro-batch-size (verl actor.use_dynamic_bsz)");
+  add_setting(command, "--ppo-max-token-len-per-gpu", o.ppo_max_token_len_per_gpu,
+              "With --use-dynamic-bsz: the update's micro-batch budget, rows x longest prompt + response (verl "
+              "actor.ppo_max_token_len_per_gpu)")
+      ->check(positive());
+  add_setting(command, "--log-prob-max-token-len-per-gpu", o.log_prob_max_token_len_per_gpu,
+              "With --use-dynamic-bsz: the same budget for the no-grad passes, old and reference log-probs (verl "
+              "rollout/ref.log_prob_max_token_len_per_gpu); 0 = --ppo-max-token-len-per-gpu")
+      ->check(non_negative());
   add_setting(command, "--max-num-gen-batches", o.max_num_gen_batches,
               "Generation rounds allowed per step (verl algorithm.filter_groups.max_num_gen_batches); 0 = unlimited")
       ->check(non_negative());

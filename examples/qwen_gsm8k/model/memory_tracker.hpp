@@ -44,6 +44,9 @@ class CpuMemoryTracker final : public c10::Allocator {
   CpuMemoryTracker(const CpuMemoryTracker&) = delete;
   CpuMemoryTracker& operator=(const CpuMemoryTracker&) = delete;
 
+  // Whether an instance is installed now (there can be one at a time).
+  static bool installed() { return read_flag(); }
+
   // Bytes allocated under a tracker and not freed yet; the most of them at once since construction or reset_peak().
   int64_t current_bytes() const { return read(&State::current); }
   int64_t peak_bytes() const { return read(&State::peak); }
@@ -101,6 +104,12 @@ class CpuMemoryTracker final : public c10::Allocator {
     State& state = shared();
     const std::lock_guard<std::mutex> lock(state.mutex);
     return state.*field;
+  }
+
+  static bool read_flag() {
+    State& state = shared();
+    const std::lock_guard<std::mutex> lock(state.mutex);
+    return state.active;
   }
 
   static void release(void* data) {

@@ -37,6 +37,11 @@ void TrainOptions::validate() const {
                                                 " must divide ppo_mini_batch_size " +
                                                 std::to_string(ppo_mini_batch_size));
   require(ppo_epochs >= 1, "ppo_epochs must be >= 1");
+  require(ppo_max_token_len_per_gpu >= 1, "ppo_max_token_len_per_gpu is " + std::to_string(ppo_max_token_len_per_gpu) +
+                                              ", expected >= 1 (tokens per micro-batch)");
+  require(log_prob_max_token_len_per_gpu >= 0, "log_prob_max_token_len_per_gpu is " +
+                                                   std::to_string(log_prob_max_token_len_per_gpu) +
+                                                   ", expected >= 0 (0: ppo_max_token_len_per_gpu)");
   require(max_num_gen_batches >= 0, "max_num_gen_batches must be >= 0 (0 = unlimited)");
   require(max_new_tokens >= 1, "max_new_tokens must be >= 1");
   require(rewards.overlong_cache >= 0 && rewards.overlong_cache <= max_new_tokens,
@@ -85,6 +90,10 @@ nlohmann::json TrainOptions::to_json() const {
           {"ppo_mini_batch_size", ppo_mini_batch_size},
           {"ppo_micro_batch_size", ppo_micro_batch_size > 0 ? ppo_micro_batch_size : ppo_mini_batch_size},
           {"ppo_epochs", ppo_epochs},
+          {"use_dynamic_bsz", use_dynamic_bsz},
+          {"ppo_max_token_len_per_gpu", ppo_max_token_len_per_gpu},
+          {"log_prob_max_token_len_per_gpu",
+           log_prob_max_token_len_per_gpu > 0 ? log_prob_max_token_len_per_gpu : ppo_max_token_len_per_gpu},
           {"max_num_gen_batches", max_num_gen_batches},
           {"dynamic_sampling", dynamic_sampling},
           {"mask_truncated", mask_truncated},

@@ -61,6 +61,14 @@ struct TrainOptions {
   int64_t ppo_mini_batch_size = 4;   // actor.ppo_mini_batch_size: groups per optimizer update
   int64_t ppo_micro_batch_size = 0;  // actor.ppo_micro_batch_size_per_gpu: groups per forward/backward; 0 = mini-batch
   int64_t ppo_epochs = 1;            // actor.ppo_epochs: passes over the step's batch
+  // actor.use_dynamic_bsz: micro-batches by a token budget instead of ppo_micro_batch_size groups. Rows (not whole
+  // groups) of a rank's share, longest first, each micro-batch at most ppo_max_token_len_per_gpu padded tokens (its
+  // rows x its longest prompt + response: what the padded forward computes and holds; verl, which packs rows without
+  // padding, counts their sum). log_prob_max_token_len_per_gpu is the no-grad passes' budget (old and reference
+  // log-probs; 0: the update's).
+  bool use_dynamic_bsz = false;
+  int64_t ppo_max_token_len_per_gpu = 16384;
+  int64_t log_prob_max_token_len_per_gpu = 0;
   int64_t max_num_gen_batches = 10;  // algorithm.filter_groups.max_num_gen_batches: rounds per step; 0 = unlimited
   bool dynamic_sampling = true;      // algorithm.filter_groups.enable (metric: acc)
   bool mask_truncated = false;       // overlong filtering: truncated responses out of the loss

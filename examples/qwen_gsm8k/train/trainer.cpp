@@ -98,10 +98,18 @@ Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Proble
                                                                                .betas({options_.beta1, options_.beta2})
                                                                                .weight_decay(options_.weight_decay));
   if (!options_.output_dir.empty()) std::filesystem::create_directories(options_.output_dir);
+  std::vector<torch::Tensor> held = model_->parameters();
+  for (const auto& buffer : model_->buffers()) held.push_back(buffer);
+  if (!reference_.is_empty()) {
+    for (const auto& parameter : reference_->parameters()) held.push_back(parameter);
+    for (const auto& buffer : reference_->buffers()) held.push_back(buffer);
+  }
+  memory_ = std::make_unique<MemoryMonitor>(model_->lm_head_weight().device(), tensor_bytes(held));
 }
 
 nlohmann::json Trainer::step() {
   const auto started = Clock::now();
+  memory_->start();
   nlohmann::json metrics{{"step", step_ + 1}};
   const std::vector<Group> groups = collect_groups(metrics);
   TrainBatch batch = build_train_batch(groups, options_.rollout_n, rollout_options_.generation.pad_id,
@@ -111,6 +119,7 @@ nlohmann::json Trainer::step() {
   add_batch_metrics(metrics, groups, batch, response_budget(options_).truncated_at);
   add_update_metrics(metrics, out);
   add_time_metrics(metrics, groups, out, seconds_since(started), world_size());
+  for (const auto& [name, value] : memory_->peak_metrics()) metrics[name] = value;
   ++step_;
   metrics_.push_back(metrics);
   metric_log_.log_step(metrics);

@@ -23,6 +23,7 @@
 #include "qwen_gsm8k/data/data.hpp"
 #include "qwen_gsm8k/dist/distributed.hpp"
 #include "qwen_gsm8k/logging/metric_log.hpp"
+#include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/model.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
@@ -127,6 +128,7 @@ class Trainer {
   std::shared_ptr<Communicator> communicator_;
   MetricLog metric_log_;
   std::function<bool()> stop_requested_;
+  std::unique_ptr<MemoryMonitor> memory_;  // each step's peak: perf/max_memory_allocated_gb, _reserved_gb
 };
 
 }  // namespace qwen

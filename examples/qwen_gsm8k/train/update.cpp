@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 namespace qwen {
 
@@ -24,20 +26,126 @@ struct PolicyUpdate::Sums {
   std::vector<std::vector<double>> entropy_by_micro_batch;
 };
 
-std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_groups, int64_t micro_groups,
-                                         int64_t own_begin, int64_t own_end) {
+torch::Tensor MicroBatch::take(const torch::Tensor& tensor) const {
+  if (rows.empty()) return tensor.narrow(0, 0, 0);
+  if (rows.back() - rows.front() + 1 == static_cast<int64_t>(rows.size())) {
+    return tensor.narrow(0, rows.front(), static_cast<int64_t>(rows.size()));
+  }
+  return tensor.index_select(0, torch::tensor(rows, torch::kInt64).to(tensor.device()));
+}
+
+void MicroBatch::put(const torch::Tensor& into, const torch::Tensor& values) const {
+  const torch::Tensor source = values.to(into.device(), into.scalar_type());
+  into.narrow(1, 0, values.size(1)).index_copy_(0, torch::tensor(rows, torch::kInt64).to(into.device()), source);
+}
+
+MicroBatching MicroBatching::from(const TrainOptions& options) {
+  MicroBatching cut;
+  cut.mini_groups = options.ppo_mini_batch_size;
+  cut.micro_groups = options.ppo_micro_batch_size > 0 ? options.ppo_micro_batch_size : cut.mini_groups;
+  if (options.use_dynamic_bsz) {
+    cut.max_tokens = options.ppo_max_token_len_per_gpu;
+    cut.logprob_max_tokens = options.log_prob_max_token_len_per_gpu;
+  }
+  return cut;
+}
+
+std::vector<std::vector<int64_t>> pack_rows_by_tokens(const std::vector<int64_t>& row_ids,
+                                                      const std::vector<int64_t>& lengths, int64_t max_tokens,
+                                                      const char* where) {
+  if (row_ids.size() != lengths.size()) {
+    throw std::invalid_argument(std::string(where) + ": " + std::to_string(row_ids.size()) + " rows but " +
+                                std::to_string(lengths.size()) + " lengths");
+  }
+  std::vector<std::size_t> order(row_ids.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  // Longest first (ties in row order): a micro-batch then pads its rows to its first one's length.
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return lengths[a] > lengths[b]; });
+  std::vector<std::vector<int64_t>> packs;
+  int64_t longest = 0;
+  for (const std::size_t i : order) {
+    if (lengths[i] > max_tokens) {
+      throw std::invalid_argument(std::string(where) + " is " + std::to_string(max_tokens) + " tokens, but row " +
+                                  std::to_string(row_ids[i]) + " holds " + std::to_string(lengths[i]) +
+                                  " (prompt + response): a micro-batch holds at least one whole row, so raise the "
+                                  "budget to at least " +
+                                  std::to_string(lengths[i]));
+    }
+    const auto rows = packs.empty() ? int64_t{0} : static_cast<int64_t>(packs.back().size());
+    if (packs.empty() || (rows + 1) * longest > max_tokens) {
+      packs.emplace_back();
+      longest = lengths[i];
+    }
+    packs.back().push_back(row_ids[i]);
+  }
+  for (auto& pack : packs) std::sort(pack.begin(), pack.end());
+  return packs;
+}
+
+namespace {
+
+// The rows' real tokens (prompt + response): each row's attention mask sum.
+std::vector<int64_t> row_lengths(const TrainBatch& batch, int64_t first_row, int64_t rows) {
+  const torch::Tensor sums =
+      batch.padded.attention_mask.narrow(0, first_row, rows).sum(1).to(torch::kInt64).contiguous();
+  return {sums.data_ptr<int64_t>(), sums.data_ptr<int64_t>() + rows};
+}
+
+// Rows [first_row, first_row + rows), cut into micro-batches by a token budget or, without one (0), micro_rows rows at
+// a time.
+std::vector<MicroBatch> cut_share(const TrainBatch& batch, int64_t first_row, int64_t rows, int64_t micro_rows,
+                                  int64_t max_tokens, const char* where) {
+  const std::vector<int64_t> lengths = row_lengths(batch, first_row, rows);
+  std::vector<int64_t> row_ids(static_cast<std::size_t>(rows));
+  std::iota(row_ids.begin(), row_ids.end(), first_row);
+  std::vector<std::vector<int64_t>> packs;
+  if (max_tokens > 0) {
+    packs = pack_rows_by_tokens(row_ids, lengths, max_tokens, where);
+  } else {
+    for (int64_t row = 0; row < rows; row += micro_rows) {
+      packs.emplace_back(row_ids.begin() + row, row_ids.begin() + std::min(row + micro_rows, rows));
+    }
+  }
+  std::vector<MicroBatch> micro_batches;
+  for (auto& pack : packs) {
+    MicroBatch micro{std::move(pack), 0};
+    // The longest real row of the micro-batch: its columns beyond are padding in every row.
+    for (const int64_t row : micro.rows) micro.length = std::max(micro.length, lengths[row - first_row]);
+    micro_batches.push_back(std::move(micro));
+  }
+  return micro_batches;
+}
+
+// Whether the micro-batch's rows are whole groups (consecutive, aligned runs of group_size rows).
+bool holds_whole_groups(const MicroBatch& micro, int64_t group_size) {
+  const auto count = static_cast<int64_t>(micro.rows.size());
+  if (count % group_size != 0) return false;
+  for (int64_t i = 0; i < count; i += group_size) {
+    const int64_t first = micro.rows[static_cast<std::size_t>(i)];
+    if (first % group_size != 0 || micro.rows[static_cast<std::size_t>(i + group_size - 1)] != first + group_size - 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, const MicroBatching& cut, int64_t own_begin,
+                                         int64_t own_end) {
   const int64_t group_size = batch.group_size;
   std::vector<MiniBatch> plan;
-  for (int64_t first_group = 0; first_group + mini_groups <= batch.groups; first_group += mini_groups) {
-    MiniBatch mini{first_group * group_size, mini_groups * group_size, {}, {}};
+  for (int64_t first_group = 0; first_group + cut.mini_groups <= batch.groups; first_group += cut.mini_groups) {
+    MiniBatch mini{first_group * group_size, cut.mini_groups * group_size, {}, {}, {}};
     // Counted once here, not in each of the ppo_epochs updates of this mini-batch.
     mini.counts = dapo::count_mini_batch(batch.padded.loss_mask.narrow(0, mini.first_row, mini.rows));
-    for (int64_t g = own_begin; g < own_end; g += micro_groups) {
-      MicroBatch micro{(first_group + g) * group_size, std::min(micro_groups, own_end - g) * group_size, 0};
-      // The longest real row of the slice: its columns beyond are padding in every row.
-      micro.length = batch.padded.attention_mask.narrow(0, micro.first_row, micro.rows).sum(1).max().item<int64_t>();
-      mini.micro_batches.push_back(micro);
-    }
+    const int64_t share_first = (first_group + own_begin) * group_size, share_rows = (own_end - own_begin) * group_size;
+    mini.micro_batches = cut_share(batch, share_first, share_rows, cut.micro_groups * group_size, cut.max_tokens,
+                                   "ppo_max_token_len_per_gpu");
+    mini.logprob_micro_batches =
+        cut.max_tokens > 0 && cut.logprob_max_tokens > 0
+            ? cut_share(batch, share_first, share_rows, 0, cut.logprob_max_tokens, "log_prob_max_token_len_per_gpu")
+            : mini.micro_batches;
     plan.push_back(std::move(mini));
   }
   return plan;
@@ -62,14 +170,13 @@ void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<Min
   sums.entropy_by_micro_batch.assign(plan.size(), {});
   torch::NoGradGuard no_grad;
   for (std::size_t m = first_too ? 0 : 1; m < plan.size(); ++m) {
-    for (const MicroBatch& micro : plan[m].micro_batches) {
+    for (const MicroBatch& micro : plan[m].logprob_micro_batches) {
       double entropy = 0.0;
       const torch::Tensor logp =
-          response_logprobs(model, padded.input_ids.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length),
-                            padded.attention_mask.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length),
-                            padded.loss_mask.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length - 1),
-                            logprob_options(), &entropy);
-      batch.old_logp.narrow(0, micro.first_row, micro.rows).narrow(1, 0, micro.length - 1).copy_(logp.cpu());
+          response_logprobs(model, micro.take(padded.input_ids).narrow(1, 0, micro.length),
+                            micro.take(padded.attention_mask).narrow(1, 0, micro.length),
+                            micro.take(padded.loss_mask).narrow(1, 0, micro.length - 1), logprob_options(), &entropy);
+      micro.put(batch.old_logp, logp);
       sums.entropy_by_micro_batch[m].push_back(entropy);
     }
   }
@@ -81,13 +188,12 @@ void PolicyUpdate::compute_ref_logprobs(TrainBatch& batch, const std::vector<Min
   batch.ref_logp = torch::zeros(padded.loss_mask.sizes(), batch.old_logp.scalar_type());
   torch::NoGradGuard no_grad;
   for (const MiniBatch& mini : plan) {
-    for (const MicroBatch& micro : mini.micro_batches) {
-      const auto rows = [&](const torch::Tensor& tensor) { return tensor.narrow(0, micro.first_row, micro.rows); };
+    for (const MicroBatch& micro : mini.logprob_micro_batches) {
       const torch::Tensor logp =
-          response_logprobs(*reference, rows(padded.input_ids).narrow(1, 0, micro.length),
-                            rows(padded.attention_mask).narrow(1, 0, micro.length),
-                            rows(padded.loss_mask).narrow(1, 0, micro.length - 1), logprob_options());
-      rows(batch.ref_logp).narrow(1, 0, micro.length - 1).copy_(logp.cpu());
+          response_logprobs(*reference, micro.take(padded.input_ids).narrow(1, 0, micro.length),
+                            micro.take(padded.attention_mask).narrow(1, 0, micro.length),
+                            micro.take(padded.loss_mask).narrow(1, 0, micro.length - 1), logprob_options());
+      micro.put(batch.ref_logp, logp);
     }
   }
 }
@@ -150,11 +256,32 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   loss_options.group_size = batch.group_size;
   // Dr. GRPO's constant divisor is the generation budget (TRL: max_completion_length), not a padded width.
   loss_options.norm_length = response_budget(options).norm_length;
-  const dapo::PolicyLossOptions share_options = dapo::micro_batch_options(loss_options, mini.counts);
+  dapo::PolicyLossOptions share_options = dapo::micro_batch_options(loss_options, mini.counts);
   // The KL and entropy terms' aggregation: the token-level losses' (geo_mean's mean over rows has no token weights).
   dapo::PolicyLossOptions token_options = loss_options;
   token_options.mode = dapo::PolicyLossMode::kVanilla;
   const dapo::PolicyLossOptions term_options = dapo::micro_batch_options(token_options, mini.counts);
+  // Every aggregation but group-token-mean divides by counts of the whole mini-batch, which micro_batch_options
+  // passes to each micro-batch. A token-budget micro-batch may hold part of a group, whose share of the loss needs
+  // the whole group's token count: there each token's weight in the mini-batch's loss (aggregation_weights of the
+  // whole mini-batch) goes to a token-sum as a per-token weight.
+  const bool split_groups = std::any_of(mini.micro_batches.begin(), mini.micro_batches.end(), [&](const auto& micro) {
+    return !holds_whole_groups(micro, batch.group_size);
+  });
+  torch::Tensor mini_weights;  // [mini.rows, L - 1]: each token's weight in the mini-batch's aggregated loss
+  if (split_groups && term_options.aggregation == dapo::LossAggregation::kGroupTokenMean) {
+    mini_weights = dapo::aggregation_weights(padded.loss_mask.narrow(0, mini.first_row, mini.rows), term_options,
+                                             batch.old_logp.scalar_type());
+    if (share_options.mode != dapo::PolicyLossMode::kGeoMean) {
+      share_options.aggregation = dapo::LossAggregation::kTokenSum;
+      share_options.global_group_count = 0.0;
+    }
+  }
+  const auto mini_rows = [&](const MicroBatch& micro, const torch::Tensor& tensor) {  // rows of a [mini.rows, ...]
+    MicroBatch shifted = micro;
+    for (int64_t& row : shifted.rows) row -= mini.first_row;
+    return shifted.take(tensor);
+  };
   const bool kl_loss = options.extras.kl_loss_coef > 0.0, entropy_term = options.extras.entropy_coeff != 0.0;
   const dapo::KlPenalty penalty = dapo::parse_kl_penalty(options.extras.kl_loss_type);
   release_gradients(model->parameters());  // none left by the last update; any a caller left start nothing
@@ -162,7 +289,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   std::vector<double> dual_clipped,
       kl;  // per micro-batch, added to the step's sums (in order) if the update is applied
   for (const MicroBatch& micro : mini.micro_batches) {
-    const auto rows = [&](const torch::Tensor& tensor) { return tensor.narrow(0, micro.first_row, micro.rows); };
+    const auto rows = [&](const torch::Tensor& tensor) { return micro.take(tensor); };
     const torch::Tensor mask = rows(padded.loss_mask).narrow(1, 0, micro.length - 1);
     double entropy = 0.0;
     torch::Tensor token_entropy;
@@ -170,19 +297,27 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
         response_logprobs(model, rows(padded.input_ids).narrow(1, 0, micro.length),
                           rows(padded.attention_mask).narrow(1, 0, micro.length), mask, logprob_options(),
                           first ? &entropy : nullptr, entropy_term ? &token_entropy : nullptr);
-    const torch::Tensor old_logp = rows(batch.old_logp).narrow(1, 0, micro.length - 1);
     if (first) {
-      old_logp.copy_(logp.detach().cpu());
+      micro.put(batch.old_logp, logp.detach());
       sums.entropy_by_micro_batch.front().push_back(entropy);
     }
+    const torch::Tensor old_logp = rows(batch.old_logp).narrow(1, 0, micro.length - 1);
     const auto device = logp.device();
-    const torch::Tensor weights =
+    torch::Tensor weights =
         batch.is_weights.defined() ? rows(batch.is_weights).narrow(1, 0, micro.length - 1).to(device) : torch::Tensor();
+    const torch::Tensor token_weights =  // the aggregation's, when it is taken from the whole mini-batch
+        mini_weights.defined() ? mini_rows(micro, mini_weights).narrow(1, 0, micro.length - 1).to(device)
+                               : torch::Tensor();
+    if (token_weights.defined() && share_options.aggregation == dapo::LossAggregation::kTokenSum) {
+      weights = weights.defined() ? weights * token_weights : token_weights;
+    }
     const auto out = dapo::policy_loss(logp, old_logp.to(device), rows(batch.advantages).to(device), mask.to(device),
                                        share_options, weights);
     torch::Tensor total = out.loss;
     if (kl_loss || entropy_term) {
-      const torch::Tensor term_weights = dapo::aggregation_weights(mask, term_options, logp.scalar_type()).to(device);
+      const torch::Tensor term_weights =
+          token_weights.defined() ? token_weights
+                                  : dapo::aggregation_weights(mask, term_options, logp.scalar_type()).to(device);
       if (kl_loss) {
         const torch::Tensor ref_logp = rows(batch.ref_logp).narrow(1, 0, micro.length - 1).to(device);
         const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, ref_logp, penalty)).sum();
@@ -256,10 +391,9 @@ UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
 
 UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
   const auto started = std::chrono::steady_clock::now();
-  const int64_t mini_groups = options.ppo_mini_batch_size;
-  const int64_t micro_groups = options.ppo_micro_batch_size > 0 ? options.ppo_micro_batch_size : mini_groups;
-  const auto [own_begin, own_end] = communicator.shard(mini_groups);
-  const std::vector<MiniBatch> plan = plan_mini_batches(batch, mini_groups, micro_groups, own_begin, own_end);
+  const MicroBatching cut = MicroBatching::from(options);
+  const auto [own_begin, own_end] = communicator.shard(cut.mini_groups);
+  const std::vector<MiniBatch> plan = plan_mini_batches(batch, cut, own_begin, own_end);
 
   torch::AutoGradMode enable_grad(true);  // whatever the caller's mode: the updates need gradients
   model->train();
@@ -279,7 +413,7 @@ UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
     probs_diff = rollout_probs_diff(batch);  // over the response tokens, before rejection
     correction = correct_rollouts(batch);
     // The rejection changed the loss mask: count the mini-batches again (the slices stay).
-    corrected_plan = plan_mini_batches(batch, mini_groups, micro_groups, own_begin, own_end);
+    corrected_plan = plan_mini_batches(batch, cut, own_begin, own_end);
   }
   const std::vector<MiniBatch>& updates_plan = correct ? corrected_plan : plan;
   const LrSchedule schedule = options.lr_schedule();

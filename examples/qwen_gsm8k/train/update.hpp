@@ -32,20 +32,50 @@
 
 namespace qwen {
 
-// Rows [first_row, first_row + rows) of the batch; columns [0, length) hold every real token of those rows.
+// Some rows of the batch, in ascending order; columns [0, length) hold every real token of those rows. Whole-group
+// micro-batches are consecutive rows; token-budget ones (use_dynamic_bsz) any rows of one rank's share.
 struct MicroBatch {
-  int64_t first_row = 0, rows = 0, length = 0;
+  std::vector<int64_t> rows;
+  int64_t length = 0;
+
+  // The rows of `tensor` [B, ...]: a view when they are consecutive, a copy otherwise.
+  torch::Tensor take(const torch::Tensor& tensor) const;
+  // Writes `values` [rows, n] into columns [0, n) of the rows of `into` [B, >= n].
+  void put(const torch::Tensor& into, const torch::Tensor& values) const;
+  // prompt + response tokens as the forward pays for them: rows x the longest row.
+  int64_t padded_tokens() const { return static_cast<int64_t>(rows.size()) * length; }
 };
 
 struct MiniBatch {
   int64_t first_row = 0, rows = 0;
   dapo::MiniBatchCounts counts;           // of the whole mini-batch's loss mask: what every share divides by
-  std::vector<MicroBatch> micro_batches;  // this rank's share of the mini-batch, cut into micro-batches
+  std::vector<MicroBatch> micro_batches;  // this rank's share of the mini-batch, cut into the update's micro-batches
+  // The same share cut for the no-grad passes (old and reference log-probs); the update's cut without a token budget.
+  std::vector<MicroBatch> logprob_micro_batches;
 };
 
-// The mini-batches of mini_groups groups; this rank owns groups [own_begin, own_end) of each, in micro_groups slices.
-std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, int64_t mini_groups, int64_t micro_groups,
-                                         int64_t own_begin, int64_t own_end);
+// How a mini-batch's share is cut into micro-batches: whole groups (micro_groups at a time), or, with a token budget
+// (verl's use_dynamic_bsz), rows packed longest first so that no micro-batch's rows x longest row exceeds it.
+struct MicroBatching {
+  int64_t mini_groups = 1;         // groups per mini-batch (one optimizer update)
+  int64_t micro_groups = 1;        // groups per micro-batch, without a budget
+  int64_t max_tokens = 0;          // the update's budget of padded tokens per micro-batch; 0: whole groups
+  int64_t logprob_max_tokens = 0;  // the no-grad passes' budget; 0: the update's cut
+
+  static MicroBatching from(const TrainOptions& options);
+};
+
+// The mini-batches of the batch; this rank owns groups [own_begin, own_end) of each. Throws std::invalid_argument
+// naming the row when a row is longer than a token budget.
+std::vector<MiniBatch> plan_mini_batches(const TrainBatch& batch, const MicroBatching& cut, int64_t own_begin,
+                                         int64_t own_end);
+
+// Rows packed into micro-batches of at most max_tokens padded tokens (rows x the longest row): longest first, each
+// micro-batch takes the next rows while they fit. `lengths` are the rows' prompt + response tokens; `where` names the
+// budget in the error a row longer than it gets.
+std::vector<std::vector<int64_t>> pack_rows_by_tokens(const std::vector<int64_t>& row_ids,
+                                                      const std::vector<int64_t>& lengths, int64_t max_tokens,
+                                                      const char* where);
 
 // Gradients set to none (PyTorch's zero_grad(set_to_none=True); LibTorch 1.13's zero_grad only zeroes them): their
 // memory, as much as the weights', goes back, so rollouts and the no-grad passes never hold it; the next backward
