@@ -117,6 +117,8 @@ def main(argv):
             f'{number(step.get("step_seconds"), 2)} ({number(step.get("rollout_seconds"), 2)} + '
             f'{number(step.get("update_seconds"), 2)})')
         add(label, "peak GPU memory, GiB", number(_gib(step.get("peak_device_memory_bytes")), 2))
+        plan = step.get("memory_plan") or {}
+        add(label, "memory plan's peak, GiB", number(_gib(plan.get("peak_bytes")), 2))
 
     fixture = merged.get("fixture.json")
     if fixture:

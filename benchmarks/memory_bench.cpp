@@ -5,11 +5,14 @@
 // separate the per-layer part (bytes per token per decoder layer) from the rest (embeddings, final norm, lm-head).
 // Under autocast each layer's forward also keeps its weights' bfloat16 casts for the backward (a fixed number of bytes
 // per layer, not per token): they are taken out of the per-token figure and shown on their own.
+// Then, at the second layer count, the memory plan (train/memory_plan.hpp) against the update's whole measured peak:
+// the weights, then two rounds of forward, backward and AdamW step, as the trainer's update runs them.
 // A random model of the named shape with fewer layers: the layers are the shape's own.
 // Usage: memory_bench [--shape qwen2.5-1.5b|qwen2.5-0.5b|small|demo] [--layers A] [--more-layers B] [--rows R]
 //                     [--tokens T] [--response R] [--threads N] [--json PATH]
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -22,6 +25,7 @@
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
+#include "qwen_gsm8k/train/memory_plan.hpp"
 #include "qwen_gsm8k/train/update.hpp"
 #include "support/flags.hpp"
 #include "support/harness.hpp"
@@ -68,6 +72,58 @@ Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpoint
   return out;
 }
 
+// The update's whole peak of tensor bytes: the weights, then two rounds of forward, backward and an AdamW step (the
+// second with AdamW's state already there), gradients released after each, as the trainer does.
+int64_t measure_update_peak(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpointing,
+                            std::optional<torch::ScalarType> autocast) {
+  model->model->set_gradient_checkpointing(checkpointing);
+  qwen::release_gradients(model->parameters());
+  const int64_t weights = qwen::tensor_bytes(model->parameters());
+  torch::manual_seed(1);
+  const torch::Tensor ids = torch::randint(0, model->config().vocab_size, {args.rows, args.tokens}, torch::kInt64);
+  const torch::Tensor attention = torch::ones({args.rows, args.tokens}, torch::kInt64);
+  torch::Tensor loss_mask = torch::zeros({args.rows, args.tokens - 1}, torch::kBool);
+  loss_mask.narrow(1, args.tokens - 1 - args.response, args.response).fill_(true);
+  const qwen::CpuMemoryTracker tracker;  // counts from here: the weights are added by hand
+  {
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-6));
+    for (int round = 0; round < 2; ++round) {
+      const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast});
+      (-logp.sum()).backward();
+      optimizer.step();
+      qwen::release_gradients(model->parameters());
+    }
+  }
+  return weights + tracker.peak_bytes();
+}
+
+// The memory plan's update peak (the largest of its update, tied-embedding and optimizer phases) for the same work:
+// one micro-batch of `rows` rows of `tokens` tokens, `response` of them the response.
+struct PlannedPeak {
+  int64_t bytes = 0;
+  std::string phase;
+};
+PlannedPeak planned_update_peak(const qwen::Config& config, const Args& args, bool checkpointing,
+                                std::optional<torch::ScalarType> autocast) {
+  qwen::MemoryPlanInput input;
+  input.config = config;
+  input.options.train_batch_size = 1;
+  input.options.rollout_n = args.rows;
+  input.options.ppo_mini_batch_size = 1;
+  input.options.max_new_tokens = args.response;
+  input.options.autocast = autocast;
+  input.options.gradient_checkpointing = checkpointing;
+  input.max_prompt_tokens = args.tokens - args.response;
+  input.eager_attention = !qwen::uses_sdpa_on_cpu();
+  PlannedPeak peak;
+  for (const auto& phase : qwen::plan_memory(input).phases) {
+    if (phase.name != "rollout" && phase.name != "log-probs" && phase.bytes() > peak.bytes) {
+      peak = {phase.bytes(), phase.name};
+    }
+  }
+  return peak;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -102,7 +158,14 @@ int main(int argc, char** argv) try {
                                 {"bfloat16 autocast", torch::kBFloat16, false},
                                 {"bfloat16 autocast", torch::kBFloat16, true}};
   std::vector<std::vector<Measure>> by_layers;  // [layer count][case]
-  int64_t layer_linear_elements = 0;            // one decoder layer's linear weights and biases
+  struct PlanRow {
+    const char* precision;
+    bool checkpointing;
+    PlannedPeak planned;
+    int64_t measured;
+  };
+  std::vector<PlanRow> plan_rows;     // at B layers
+  int64_t layer_linear_elements = 0;  // one decoder layer's linear weights and biases
   for (const int64_t layers : {args.layers, args.more_layers}) {
     config.num_hidden_layers = layers;
     torch::manual_seed(0);
@@ -117,6 +180,13 @@ int main(int argc, char** argv) try {
     std::vector<Measure> row;
     for (const Case& c : cases) row.push_back(measure(model, args, c.checkpointing, c.autocast));
     by_layers.push_back(row);
+    if (layers == args.more_layers) {
+      for (const Case& c : cases) {
+        plan_rows.push_back({c.precision, c.checkpointing,
+                             planned_update_peak(config, args, c.checkpointing, c.autocast),
+                             measure_update_peak(model, args, c.checkpointing, c.autocast)});
+      }
+    }
   }
 
   std::printf("%-18s %-6s %14s %14s %12s %16s %14s %12s %10s\n", "precision", "ckpt", "held, A layers",
@@ -144,7 +214,26 @@ int main(int argc, char** argv) try {
                        {"bytes_per_token_per_layer", per_layer_token},
                        {"rest_bytes", rest}});
   }
+  std::printf(
+      "\nthe memory plan against the update's measured peak (weights, AdamW state, gradients, activations), "
+      "%lld layers:\n%-18s %-6s %16s %16s %8s  %s\n",
+      static_cast<long long>(args.more_layers), "precision", "ckpt", "planned bytes", "measured bytes", "ratio",
+      "the plan's peak phase");
+  nlohmann::json plan_json = nlohmann::json::array();
+  for (const PlanRow& row : plan_rows) {
+    const double ratio = static_cast<double>(row.planned.bytes) / static_cast<double>(row.measured);
+    std::printf("%-18s %-6s %16lld %16lld %8.3f  %s\n", row.precision, row.checkpointing ? "on" : "off",
+                static_cast<long long>(row.planned.bytes), static_cast<long long>(row.measured), ratio,
+                row.planned.phase.c_str());
+    plan_json.push_back({{"precision", row.precision},
+                         {"gradient_checkpointing", row.checkpointing},
+                         {"planned_peak_bytes", row.planned.bytes},
+                         {"planned_peak_phase", row.planned.phase},
+                         {"measured_peak_bytes", row.measured},
+                         {"ratio", ratio}});
+  }
   dapo::bench::write_json({{"benchmark", "update activation memory (tracking CPU allocator)"},
+                           {"plan", plan_json},
                            {"machine", dapo::bench::machine()},
                            {"shape", args.shape},
                            {"layers", {args.layers, args.more_layers}},

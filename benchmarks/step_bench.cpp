@@ -29,6 +29,7 @@
 #include "qwen_gsm8k/cli/runtime.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/memory_plan.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 #include "support/device.hpp"
 #include "support/flags.hpp"
@@ -138,7 +139,8 @@ StepTimes time_steps(qwen::Trainer& trainer, int64_t steps, torch::Device device
   return times;
 }
 
-void report(const Args& args, const StepTimes& times, int64_t parameters, const qwen::TrainOptions& options) {
+void report(const Args& args, const StepTimes& times, int64_t parameters, const qwen::TrainOptions& options,
+            const qwen::MemoryPlan& plan) {
   const double step_median = median(times.step_s);
   std::printf("%-34s %12s\n", "median over steps", "value");
   std::printf("%-34s %12.1f\n", "response length (tokens)", median(times.lengths));
@@ -155,6 +157,8 @@ void report(const Args& args, const StepTimes& times, int64_t parameters, const 
   if (args.device.is_cuda()) {
     std::printf("%-34s %s\n", "peak device memory", dapo::bench::peak_memory_text(times.peak, args.device).c_str());
   }
+  std::printf("%-34s %12.2f  GiB (%s)\n", "memory plan's peak", static_cast<double>(plan.peak_bytes()) / (1 << 30),
+              plan.peak_phase().name.c_str());
   nlohmann::json record{{"benchmark", "DAPO step: rollout and update throughput"},
                         {"machine", dapo::bench::machine()},
                         {"shape", args.shape},
@@ -169,7 +173,8 @@ void report(const Args& args, const StepTimes& times, int64_t parameters, const 
                         {"per_step_usage", times.usage.to_json()},
                         {"device", args.device.str()},
                         {"device_name", dapo::bench::device_name(args.device)},
-                        {"autocast", args.autocast_name}};
+                        {"autocast", args.autocast_name},
+                        {"memory_plan", plan.to_json()}};
   record.update(dapo::bench::peak_memory_json(times.peak));
   dapo::bench::write_json(record, args.json_path);
   std::printf("wrote %s\n", args.json_path.c_str());
@@ -192,6 +197,16 @@ void run(const Args& args) {
                                         : qwen::Tokenizer::from_directory(args.tokenizer_dir);
   const qwen::DemoProblems problems = qwen::make_demo_problems({.test_count = 4, .seed = 3});
   const qwen::TrainOptions options = step_options(args);
+  // The memory plan of these settings, for the device's measured peak beside it (train --memory-plan's arithmetic).
+  qwen::MemoryPlanInput plan_input{.config = config, .options = options};
+  for (const auto& problem : problems.train) {
+    plan_input.max_prompt_tokens =
+        std::max(plan_input.max_prompt_tokens,
+                 static_cast<int64_t>(qwen::prompt_ids(tokenizer, options.system_prompt, problem.question).size()));
+  }
+  plan_input.cuda = args.device.is_cuda();
+  plan_input.eager_attention = !qwen::uses_sdpa_on_cpu();
+  const qwen::MemoryPlan plan = qwen::plan_memory(plan_input);
   qwen::Trainer trainer(model, tokenizer, problems.train, problems.test, options);
   // The CPU line reads as it always did; the device and autocast are named when they are not the CPU's defaults.
   const std::string precision = args.autocast ? "float32, autocast " + args.autocast_name : "float32";
@@ -203,7 +218,7 @@ void run(const Args& args) {
       static_cast<int>(args.prompts), static_cast<int>(args.rollout_n), static_cast<int>(args.new_tokens),
       static_cast<int>(args.epochs), static_cast<int>(args.prompts / args.mini), dapo::bench::cpu_model().c_str(),
       args.threads, blas_threads, dapo::bench::allocator().c_str());
-  report(args, time_steps(trainer, args.steps, args.device), parameters, options);
+  report(args, time_steps(trainer, args.steps, args.device), parameters, options, plan);
 }
 
 }  // namespace

@@ -57,6 +57,16 @@ int main(int argc, char** argv) {
     }
   }
 
+  // --memory-plan: the plan, nothing loaded but config.json, the tokenizer and the data; no rank started.
+  if (train.app->parsed() && !train.memory_plan.empty()) {
+    try {
+      return qwen::cli::run_memory_plan_command(train, std::cout);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "qwen_gsm8k: %s\n", error.what());
+      return 1;
+    }
+  }
+
   qwen::DistributedConfig distributed;
   try {
     // Before any rank starts, once: by this process alone, the launcher, or rank 0 of a torchrun-style launch.

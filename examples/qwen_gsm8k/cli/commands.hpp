@@ -9,12 +9,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "qwen_gsm8k/cli/options.hpp"
 #include "qwen_gsm8k/data/data.hpp"
 #include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/train/memory_plan.hpp"
 #include "qwen_gsm8k/train/train_options.hpp"
 
 namespace qwen::cli {
@@ -23,6 +25,10 @@ struct DemoCommand {
   DemoOptions options;
   std::string output = "demo-output", algorithm = "dapo";
   bool overwrite = false, print_config = false;
+  // --memory-plan table|json: print the plan and exit (nothing loaded but config.json, the tokenizer and the data);
+  // empty: train. --ignore-memory-plan: train on CUDA even where the plan exceeds the GPU's free memory.
+  std::string memory_plan;
+  bool ignore_memory_plan = false;
   LaunchSettings launch;
   CLI::App* app = nullptr;
 };
@@ -39,6 +45,10 @@ struct TrainCommand {
   DataFields fields;
   bool skip_bad_lines = false, lenient_answers = false, allow_bf16_weights = false;
   bool overwrite = false, print_config = false;
+  // --memory-plan table|json: print the plan and exit (nothing loaded but config.json, the tokenizer and the data);
+  // empty: train. --ignore-memory-plan: train on CUDA even where the plan exceeds the GPU's free memory.
+  std::string memory_plan;
+  bool ignore_memory_plan = false;
   LaunchSettings launch;
   CLI::App* app = nullptr;
 };
@@ -48,6 +58,11 @@ void add_train_command(CLI::App& app, TrainCommand& command);
 TrainOptions resolved_options(const TrainCommand& command);
 // Refuses an --output that holds a run unless --resume or --overwrite (then removes the old run's files).
 void prepare_train_output(const TrainCommand& command);
+// The memory plan of the command's run (train/memory_plan.hpp) from config.json, the tokenizer and the training data's
+// longest prompt; no weight is read.
+MemoryPlan train_memory_plan(const TrainCommand& command);
+// --memory-plan: prints the plan, as a table or one JSON object, to `out`; returns the exit status.
+int run_memory_plan_command(const TrainCommand& command, std::ostream& out);
 int run_train_command(TrainCommand command, const DistributedConfig& distributed);
 
 // After a run stopped on SIGTERM / SIGINT (Trainer::set_stop_request): rank 0 prints the line that says at which

@@ -2,12 +2,18 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
+#include <string>
 
 #include "qwen_gsm8k/cli/commands.hpp"
+#include "qwen_gsm8k/cli/runtime.hpp"
 #include "qwen_gsm8k/common/stop_request.hpp"
+#include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/text/chat_template.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
@@ -37,6 +43,15 @@ void add_io_options(CLI::App& sub, TrainCommand& c) {
       add_setting(sub, "--resume", c.resume,
                   "Continue from a checkpoint (a checkpoint directory, or the checkpoints root); the run goes on "
                   "in --output (TRL resume_from_checkpoint, verl trainer.resume_mode)");
+  add_setting(sub, "--memory-plan", c.memory_plan,
+              "Print the run's predicted peak memory per phase (rollout, log-probs, update) and exit, without "
+              "loading weights: table or json")
+      ->expected(0, 1)
+      ->default_str("table")  // the value of a bare --memory-plan
+      ->configurable(false)
+      ->check(CLI::IsMember({"table", "json"}));
+  add_switch(sub, "--ignore-memory-plan", c.ignore_memory_plan,
+             "On CUDA, train even where the memory plan exceeds the GPU's free memory");
   add_switch(sub, "--overwrite", c.overwrite,
              "Replace the run already in --output (its metrics, evaluations, checkpoints, report; TRL "
              "overwrite_output_dir)")
@@ -152,6 +167,85 @@ void prepare_train_output(const TrainCommand& command) {
       reuse, "pass --resume DIR to continue it, --overwrite to replace it, or choose another --output");
 }
 
+namespace {
+
+MemoryPlanInput memory_plan_input(const TrainCommand& command) {
+  MemoryPlanInput input;
+  input.config = Config::from_file(std::filesystem::path(command.model_dir) / "config.json");
+  input.options = resolved_options(command);
+  const Tokenizer tokenizer = Tokenizer::from_directory(command.model_dir);
+  DataFields fields = command.fields;
+  fields.format = command.answer_format == "number" ? AnswerFormat::kNumber : AnswerFormat::kGsm8k;
+  const auto data =
+      load_problems(command.train_file, fields, command.skip_bad_lines ? BadLines::kSkip : BadLines::kError);
+  for (const auto& problem : data.problems) {
+    input.max_prompt_tokens =
+        std::max(input.max_prompt_tokens,
+                 static_cast<int64_t>(prompt_ids(tokenizer, input.options.system_prompt, problem.question).size()));
+  }
+  if (input.max_prompt_tokens == 0) {
+    throw std::invalid_argument("memory plan: " + command.train_file + " holds no problem to take prompt lengths from");
+  }
+  input.weight_bytes = command.dtype == "bfloat16" ? 2 : 4;
+  const torch::Device device(command.device);
+  input.cuda = device.is_cuda();
+  if (!input.cuda) input.process_bytes = kCpuProcessBytes;
+  input.eager_attention = !uses_sdpa_on_cpu();
+  const char* world = std::getenv("WORLD_SIZE");
+  input.world_size = command.launch.nproc > 1 ? command.launch.nproc : world != nullptr ? std::atoi(world) : 1;
+  input.world_size = std::max(input.world_size, 1);
+  return input;
+}
+
+}  // namespace
+
+MemoryPlan train_memory_plan(const TrainCommand& command) {
+  return plan_memory(memory_plan_input(command));
+}
+
+int run_memory_plan_command(const TrainCommand& command, std::ostream& out) {
+  const MemoryPlanInput input = memory_plan_input(command);
+  const MemoryPlan plan = plan_memory(input);
+  if (command.memory_plan == "json") {
+    out << plan.to_json().dump() << "\n";
+    return 0;
+  }
+  out << "memory plan: " << command.model_dir << " (" << input.config.num_hidden_layers << " layers, hidden "
+      << input.config.hidden_size << "), " << (input.cuda ? "CUDA" : "CPU") << ", "
+      << (input.options.autocast ? "bfloat16/float16 autocast" : "no autocast")
+      << (input.options.gradient_checkpointing ? ", gradient checkpointing" : "") << ", " << input.world_size
+      << " rank(s); per rank, " << (input.cuda ? "tensors only" : "tensors and the process's own memory") << "\n"
+      << plan.table();
+  return 0;
+}
+
+namespace {
+
+// On CUDA, before any weight is loaded: the plan's peak against the GPU's free memory, with a margin for what the
+// caching allocator reserves beyond its tensors. Refuses with the plan and the settings that would fit.
+void check_memory_plan(const TrainCommand& command, torch::Device device) {
+  if (!device.is_cuda() || command.ignore_memory_plan) return;
+  const auto memory = device_memory_info(device);
+  if (!memory) return;
+  const MemoryPlanInput input = memory_plan_input(command);
+  const MemoryPlan plan = plan_memory(input);
+  const auto available = static_cast<int64_t>(static_cast<double>(memory->free_bytes) / kCudaReservedMargin);
+  if (plan.peak_bytes() <= available) return;
+  std::string message = "the memory plan's peak, " + gib_text(plan.peak_bytes()) + " in the " + plan.peak_phase().name +
+                        " phase, exceeds what " + device.str() + "'s free " + gib_text(memory->free_bytes) +
+                        " allows with the caching allocator's margin (" + gib_text(available) + "):\n" + plan.table();
+  const std::vector<std::string> fitting = settings_that_fit(input, available);
+  if (fitting.empty()) {
+    message += "no setting the plan knows fits; a smaller model, fewer rows or a larger GPU is needed";
+  } else {
+    message += "settings that fit:";
+    for (const auto& flags : fitting) message += "\n  " + flags;
+  }
+  throw std::runtime_error(message + "\n(--ignore-memory-plan trains anyway)");
+}
+
+}  // namespace
+
 int run_train_command(TrainCommand command, const DistributedConfig& distributed) {
   command.fields.format = command.answer_format == "number" ? AnswerFormat::kNumber : AnswerFormat::kGsm8k;
   const TrainOptions options = resolved_options(command);
@@ -165,6 +259,7 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
   if (device.is_cuda() && device.has_index()) c10::impl::getDeviceGuardImpl(device.type())->setDevice(device);
   const auto communicator = Communicator::create(distributed, device);
   const auto dtype = command.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+  check_memory_plan(command, device);
   // Before anything slow: a model whose chat template is not the built-in ChatML renderer's would train on prompts
   // in a format it never saw.
   if (command.chat_template == "check") check_chat_template(command.model_dir);

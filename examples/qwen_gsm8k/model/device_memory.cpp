@@ -3,6 +3,8 @@
 
 #if defined(DAPO_DRIVER_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <vector>
@@ -45,6 +47,18 @@ std::map<std::string, double> MemoryMonitor::peak_metrics() const {
   }
 #endif
   return metrics;
+}
+
+std::optional<DeviceMemoryInfo> device_memory_info([[maybe_unused]] torch::Device device) {
+#if defined(DAPO_DRIVER_CUDA)
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device.has_index() ? device.index() : c10::DeviceIndex{0});
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return std::nullopt;
+    return DeviceMemoryInfo{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+  }
+#endif
+  return std::nullopt;
 }
 
 int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace qwen {
 
@@ -37,6 +39,13 @@ class MemoryMonitor {
   int64_t held_before_bytes_ = 0;
   std::unique_ptr<CpuMemoryTracker> tracker_;
 };
+
+// The free and total memory of a CUDA device as its driver reports them (cudaMemGetInfo), before anything is loaded;
+// nullopt on the CPU and in builds without CUDA.
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0, total_bytes = 0;
+};
+std::optional<DeviceMemoryInfo> device_memory_info(torch::Device device);
 
 // Bytes of the tensors' storage (numel x element size).
 int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors);

@@ -89,7 +89,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::T
   // 2.14's is faster than it. The eager path is LibTorch 1.x's only one.
   torch::Tensor attended;
 #if TORCH_VERSION_MAJOR >= 2
-  constexpr bool kSdpaOnCpu = TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 14;
+  constexpr bool kSdpaOnCpu = uses_sdpa_on_cpu();
   if (kSdpaOnCpu || !query.device().is_cpu()) {
     // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
     const double lowest = query.scalar_type() == torch::kBFloat16 ? -3.38e38

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cstdint>
 
@@ -15,6 +16,12 @@
 #include "qwen_gsm8k/model/kv_cache.hpp"
 
 namespace qwen {
+
+// Whether the CPU's attention is LibTorch's scaled_dot_product_attention (from 2.14) or the eager products (before),
+// which keep the attention probabilities for the backward: the memory plan counts them.
+constexpr bool uses_sdpa_on_cpu() {
+  return TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14);
+}
 
 class RMSNormImpl : public torch::nn::Module {
  public:
