@@ -6,19 +6,20 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../examples/qwen_gsm8k"
 # folder: the folders it may include (besides itself). Bottom to top:
-#   common <- text, data, model, dist, report, logging <- train <- demo <- cli <- main.cpp
+#   common <- text, data, model, dist, report, logging; model <- engine; all of them <- train <- demo <- cli <- main.cpp
 declare -A allowed=(
   [common]=""
   [text]="common"
   [data]="common"
   [model]="common"
+  [engine]="common model"
   [dist]="common"
   [report]="common"
   [logging]="common"
-  [train]="common text data model dist report logging"
-  [demo]="common text data model dist report logging train"
-  [cli]="common text data model dist report logging train demo"
-  [main.cpp]="common text data model dist report logging train demo cli"
+  [train]="common text data model engine dist report logging"
+  [demo]="common text data model engine dist report logging train"
+  [cli]="common text data model engine dist report logging train demo"
+  [main.cpp]="common text data model engine dist report logging train demo cli"
 )
 # Folders that know no LibTorch (<torch/...>, <ATen/...>, <c10/...>): the fuzz targets and the text tests link them
 # without it.

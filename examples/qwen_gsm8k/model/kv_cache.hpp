@@ -16,18 +16,33 @@
 
 namespace qwen {
 
-class KVCache {
+// What an attention layer needs of a cache: store this step's keys and values of a layer and get back every position's
+// that the step attends to. KVCache (one time axis for the batch) and the generation engine's slot cache (a length per
+// sequence) implement it.
+class AttentionCache {
+ public:
+  virtual ~AttentionCache() = default;
+  // keys, values [B, KV, T, D] of `layer` -> the keys and values [B, KV, S, D] the new positions attend to.
+  virtual std::pair<torch::Tensor, torch::Tensor> update(int64_t layer, const torch::Tensor& keys,
+                                                         const torch::Tensor& values) = 0;
+};
+
+class KVCache final : public AttentionCache {
  public:
   KVCache(const Config& config, int64_t batch, int64_t max_length, torch::TensorOptions options);
 
   // Stores keys, values [B, KV, T, D] of `layer` at positions [length(), length() + T) and returns the keys and values
   // of all positions so far, [B, KV, length() + T, D] (views into the cache). The length advances in advance().
-  std::pair<torch::Tensor, torch::Tensor> update(int64_t layer, const torch::Tensor& keys, const torch::Tensor& values);
+  std::pair<torch::Tensor, torch::Tensor> update(int64_t layer, const torch::Tensor& keys,
+                                                 const torch::Tensor& values) override;
   void advance(int64_t positions);  // after every layer has stored the same T positions
 
   int64_t length() const { return length_; }
   int64_t max_length() const { return max_length_; }
   int64_t batch() const { return batch_; }
+  // The whole buffers of `layer`, [B, KV, max_length, D]: a prefill's keys and values, copied out by the engine.
+  const torch::Tensor& layer_keys(int64_t layer) const { return keys_.at(static_cast<std::size_t>(layer)); }
+  const torch::Tensor& layer_values(int64_t layer) const { return values_.at(static_cast<std::size_t>(layer)); }
 
  private:
   std::vector<torch::Tensor> keys_, values_;  // per layer [B, KV, max_length, D]

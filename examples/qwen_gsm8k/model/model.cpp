@@ -73,7 +73,7 @@ AttentionImpl::AttentionImpl(const Config& config)
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                                     const torch::Tensor& mask, KVCache* cache, int64_t layer) {
+                                     const torch::Tensor& mask, AttentionCache* cache, int64_t layer) {
   const int64_t batch = hidden.size(0), positions = hidden.size(1);
   torch::Tensor query = q_proj(hidden).view({batch, positions, heads_, head_dim_}).transpose(1, 2);   // [B, N, T, D]
   torch::Tensor key = k_proj(hidden).view({batch, positions, kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, D]
@@ -141,7 +141,7 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& config) {
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                                        const torch::Tensor& mask, KVCache* cache, int64_t layer) {
+                                        const torch::Tensor& mask, AttentionCache* cache, int64_t layer) {
   const torch::Tensor attended = hidden + self_attn(input_layernorm(hidden), cos, sin, mask, cache, layer);
   return attended + mlp(post_attention_layernorm(attended));
 }
@@ -165,8 +165,6 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
   const int64_t past = cache != nullptr ? cache->length() : 0;
   TORCH_CHECK(total == past + positions, "attention_mask covers ", total, " positions but the cache holds ", past,
               " and ", positions, " are new");
-  TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids has shape ", position_ids.sizes(),
-              " but input_ids has ", input_ids.sizes());
   // Additive mask [B, 1, T, S]: query t (absolute position past + t) sees key s <= past + t that is not padding.
   const auto device = input_ids.device();
   const torch::Tensor causal = torch::arange(total, torch::TensorOptions().device(device)).unsqueeze(0) <=
@@ -175,7 +173,17 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
       causal.unsqueeze(0).unsqueeze(0) & attention_mask.to(torch::kBool).unsqueeze(1).unsqueeze(1);
   const torch::Tensor mask = torch::zeros(allowed.sizes(), torch::TensorOptions().device(device).dtype(torch::kFloat32))
                                  .masked_fill(~allowed, std::numeric_limits<float>::lowest());
+  torch::Tensor hidden = forward_with_mask(input_ids, mask, position_ids, cache);
+  if (cache != nullptr) cache->advance(positions);
+  return hidden;
+}
 
+torch::Tensor Qwen2ModelImpl::forward_with_mask(const torch::Tensor& input_ids, const torch::Tensor& mask,
+                                                const torch::Tensor& position_ids, AttentionCache* cache) {
+  TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids has shape ", position_ids.sizes(),
+              " but input_ids has ", input_ids.sizes());
+  TORCH_CHECK(mask.dim() == 4 && mask.size(0) == input_ids.size(0) && mask.size(2) == input_ids.size(1),
+              "mask has shape ", mask.sizes(), ", expected [B, 1, T, S] for input_ids ", input_ids.sizes());
   torch::Tensor hidden = embed_tokens(input_ids);
   const auto [cos, sin] = rotary_emb(position_ids);
   const bool checkpoint = gradient_checkpointing_ && cache == nullptr && torch::GradMode::is_enabled();
@@ -190,7 +198,6 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
       hidden = layer->forward(hidden, cos, sin, mask, cache, i);
     }
   }
-  if (cache != nullptr) cache->advance(positions);
   return norm(hidden);
 }
 
@@ -209,13 +216,16 @@ torch::Tensor Qwen2ForCausalLMImpl::hidden_states(const torch::Tensor& input_ids
 
 torch::Tensor Qwen2ForCausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                             const torch::Tensor& position_ids, KVCache* cache) {
-  return torch::matmul(hidden_states(input_ids, attention_mask, position_ids, cache), lm_head_weight().t());
+  return logits(hidden_states(input_ids, attention_mask, position_ids, cache));
 }
 
 torch::Tensor Qwen2ForCausalLMImpl::last_logits(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                                 const torch::Tensor& position_ids, KVCache* cache) {
-  return torch::matmul(hidden_states(input_ids, attention_mask, position_ids, cache).select(1, -1),
-                       lm_head_weight().t());
+  return logits(hidden_states(input_ids, attention_mask, position_ids, cache).select(1, -1));
+}
+
+torch::Tensor Qwen2ForCausalLMImpl::logits(const torch::Tensor& hidden) const {
+  return torch::matmul(hidden, lm_head_weight().t());
 }
 
 torch::Tensor Qwen2ForCausalLMImpl::lm_head_weight() const {

@@ -57,7 +57,7 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const Config& config);
   // hidden [B, T, H]; cos, sin [B, T, D]; additive mask [B, 1, T, S] in float32; cache may be null.
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, KVCache* cache, int64_t layer);
+                        const torch::Tensor& mask, AttentionCache* cache, int64_t layer);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -77,7 +77,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const Config& config);
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, KVCache* cache, int64_t layer);
+                        const torch::Tensor& mask, AttentionCache* cache, int64_t layer);
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -95,6 +95,11 @@ class Qwen2ModelImpl : public torch::nn::Module {
   // Returns the final-normed hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         const torch::Tensor& position_ids, KVCache* cache = nullptr);
+  // The same with the additive mask [B, 1, T, S] given (float32: 0 where query t may see key s, the lowest float
+  // where not) and any cache, which this call does not advance: the generation engine's slot cache, where every
+  // sequence has its own length.
+  torch::Tensor forward_with_mask(const torch::Tensor& input_ids, const torch::Tensor& mask,
+                                  const torch::Tensor& position_ids, AttentionCache* cache);
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
@@ -125,6 +130,8 @@ class Qwen2ForCausalLMImpl : public torch::nn::Module {
   // The last hidden states [B, T, H] (for chunked log-probs: dapo::linear_logprobs with lm_head_weight()).
   torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                               const torch::Tensor& position_ids, KVCache* cache = nullptr);
+  // Logits [..., V] of hidden states [..., H]: the lm-head product, the one place it is written.
+  torch::Tensor logits(const torch::Tensor& hidden) const;
   // [V, H]: lm_head.weight, or the embedding matrix when the embeddings are tied.
   torch::Tensor lm_head_weight() const;
   const Config& config() const { return config_; }

@@ -1,0 +1,74 @@
+// The slot pool's buffers: written in place by index, never reallocated.
+#include "qwen_gsm8k/engine/slot_cache.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace qwen {
+
+SlotCache::SlotCache(const Config& config, int64_t slots, int64_t capacity, torch::TensorOptions options)
+    : slots_(slots), capacity_(capacity) {
+  if (slots <= 0 || capacity <= 0) {
+    throw std::invalid_argument("SlotCache: slots " + std::to_string(slots) + " and capacity " +
+                                std::to_string(capacity) + " must be > 0");
+  }
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    keys_.push_back(torch::zeros({slots, config.num_key_value_heads, capacity, config.head_dim()}, options));
+    values_.push_back(torch::zeros({slots, config.num_key_value_heads, capacity, config.head_dim()}, options));
+  }
+}
+
+void SlotCache::set_step(int64_t rows, const torch::Tensor& positions, int64_t window) {
+  if (rows <= 0 || rows > slots_ || window <= 0 || window > capacity_ || positions.numel() != rows) {
+    throw std::invalid_argument("SlotCache: a step of " + std::to_string(rows) + " rows (" +
+                                std::to_string(positions.numel()) + " positions) over a window of " +
+                                std::to_string(window) + " does not fit " + std::to_string(slots_) + " slots of " +
+                                std::to_string(capacity_) + " positions");
+  }
+  if (rows != rows_ || !row_index_.defined()) {
+    row_index_ = torch::arange(rows, positions.options());
+  }
+  rows_ = rows;
+  window_ = window;
+  positions_ = positions;
+}
+
+std::pair<torch::Tensor, torch::Tensor> SlotCache::update(int64_t layer, const torch::Tensor& keys,
+                                                          const torch::Tensor& values) {
+  using torch::indexing::Slice;
+  const auto index = static_cast<std::size_t>(layer);
+  torch::Tensor layer_keys = keys_.at(index).narrow(0, 0, rows_);
+  torch::Tensor layer_values = values_.at(index).narrow(0, 0, rows_);
+  // Row r's new position goes to [r, :, positions[r], :]: one indexed write per buffer for the whole step.
+  layer_keys.index_put_({row_index_, Slice(), positions_}, keys.squeeze(2));
+  layer_values.index_put_({row_index_, Slice(), positions_}, values.squeeze(2));
+  return {layer_keys.narrow(2, 0, window_), layer_values.narrow(2, 0, window_)};
+}
+
+void SlotCache::fill(const torch::Tensor& slots, const std::vector<torch::Tensor>& keys,
+                     const std::vector<torch::Tensor>& values, const torch::Tensor& rows) {
+  for (std::size_t layer = 0; layer < keys_.size(); ++layer) {
+    const int64_t width = keys.at(layer).size(2);
+    keys_[layer].narrow(2, 0, width).index_copy_(0, slots, keys[layer].index_select(0, rows));
+    values_[layer].narrow(2, 0, width).index_copy_(0, slots, values.at(layer).index_select(0, rows));
+  }
+}
+
+void SlotCache::move(const torch::Tensor& to, const torch::Tensor& from, int64_t width) {
+  for (std::size_t layer = 0; layer < keys_.size(); ++layer) {
+    for (auto* buffers : {&keys_, &values_}) {
+      const torch::Tensor part = (*buffers)[layer].narrow(2, 0, width);
+      part.index_copy_(0, to, part.index_select(0, from));
+    }
+  }
+}
+
+int64_t SlotCache::bytes() const {
+  int64_t total = 0;
+  for (std::size_t layer = 0; layer < keys_.size(); ++layer) {
+    total += static_cast<int64_t>(keys_[layer].nbytes() + values_[layer].nbytes());
+  }
+  return total;
+}
+
+}  // namespace qwen

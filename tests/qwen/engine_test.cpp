@@ -1,0 +1,268 @@
+// The generation engine (continuous batching over a slot pool): greedy output equal to generate()'s for any pool size,
+// with and without the shared prefill, checked every step or every few; each sequence's draws independent of the
+// others and of its admission order; stops, the length budget, log-probs, the repetition penalty; the counts it
+// reports (prefill rows divided by n, the rows a check interval can waste); a sink that stops the run; bad requests.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "qwen_gsm8k/engine/engine.hpp"
+#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/weights.hpp"
+#include "support/qwen_fixtures.hpp"
+
+namespace {
+
+// Prompts of different lengths (so the prefill pads), each asked for n samples.
+std::vector<qwen::EngineRequest> requests(int64_t n) {
+  const std::vector<std::vector<int64_t>> prompts{{5, 6, 7}, {8, 9}, {10, 11, 12, 13, 14}, {15}, {16, 17, 18, 19}};
+  std::vector<qwen::EngineRequest> out;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    out.push_back({.prompt = prompts[i], .n = n, .seed = 100 + i});
+  }
+  return out;
+}
+
+// generate()'s greedy rows: the prompt of each request repeated n times.
+qwen::GenerationOutput greedy_reference(qwen::Qwen2ForCausalLM& model, const std::vector<qwen::EngineRequest>& reqs,
+                                        const qwen::EngineOptions& options) {
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& request : reqs) {
+    for (int64_t i = 0; i < request.n; ++i) prompts.push_back(request.prompt);
+  }
+  qwen::GenerationOptions generation;
+  generation.max_new_tokens = options.max_new_tokens;
+  generation.stop_ids = options.stop_ids;
+  generation.sampling = options.sampling;
+  generation.return_logprobs = true;
+  return qwen::generate(model, prompts, generation);
+}
+
+std::vector<int64_t> row_of(const torch::Tensor& tokens, int64_t row, int64_t length) {
+  const torch::Tensor values = tokens[row].narrow(0, 0, length).cpu().contiguous();
+  return {values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + length};
+}
+
+}  // namespace
+
+TEST_CASE("engine: greedy sequences are generate()'s for every pool size, prefill sharing and check interval") {
+  for (const char* name : {"tiny-tied-f32", "tiny-untied-f32-sharded", "tiny-tied-bf16"}) {
+    const auto dir = dapo::test::qwen_fixture(name);
+    if (!dir) return;
+    CAPTURE(name);
+    auto model = qwen::load_model(*dir, torch::kFloat32);
+    const auto reqs = requests(2);
+    qwen::EngineOptions options;
+    options.max_new_tokens = 10;
+    options.sampling.temperature = 0.0;
+    options.return_logprobs = true;
+    // A stop id that ends some rows early: the third token greedy decoding gives the first prompt.
+    options.stop_ids = {row_of(greedy_reference(model, reqs, options).tokens, 0, 3)[2]};
+    const auto reference = greedy_reference(model, reqs, options);
+    int64_t stopped = 0;
+    for (const int64_t pool : {1, 3, 10}) {
+      for (const bool shared : {true, false}) {
+        for (const int64_t check_every : {1, 4}) {
+          CAPTURE(pool);
+          CAPTURE(shared);
+          CAPTURE(check_every);
+          options.max_num_seqs = pool;
+          options.shared_prefill = shared;
+          options.check_every = check_every;
+          qwen::EngineStats stats;
+          const auto out = qwen::generate_requests(model, reqs, options, &stats);
+          int64_t row = 0;
+          for (std::size_t r = 0; r < reqs.size(); ++r) {
+            for (int64_t i = 0; i < reqs[r].n; ++i, ++row) {
+              const auto& sequence = out[r][static_cast<std::size_t>(i)];
+              const int64_t length = reference.lengths[row].item<int64_t>();
+              CHECK(sequence.tokens == row_of(reference.tokens, row, length));
+              CHECK((sequence.finish_reason == qwen::FinishReason::kLength) == reference.truncated[row].item<bool>());
+              // Log-probs of the same tokens over the same prefix, computed in other batches: float32 rounding apart.
+              const torch::Tensor ours = torch::tensor(sequence.logprobs);
+              CHECK(torch::allclose(ours, reference.logprobs[row].narrow(0, 0, length), 1e-4, 1e-4));
+              if (pool == 1 && shared && check_every == 1 && length < options.max_new_tokens) ++stopped;
+            }
+          }
+          CHECK(stats.sequences == row);
+          CHECK(stats.prefill_rows == (shared ? 5 : 10));
+          CHECK(stats.dropped == 0);
+        }
+      }
+    }
+    CHECK(stopped > 0);
+  }
+}
+
+TEST_CASE("engine: a sequence's draws are its own (seed, sample), whatever the order and company it runs in") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir);
+  auto reqs = requests(3);
+  qwen::EngineOptions options;
+  options.max_new_tokens = 12;
+  options.sampling = {.temperature = 1.0, .top_k = 50, .top_p = 0.9};
+  options.return_logprobs = true;
+  options.max_num_seqs = 1;  // alone in every step: the logits are the same bits in any order
+  const auto forward = qwen::generate_requests(model, reqs, options);
+  std::reverse(reqs.begin(), reqs.end());
+  const auto backward = qwen::generate_requests(model, reqs, options);
+  bool samples_differ = false;
+  for (std::size_t r = 0; r < reqs.size(); ++r) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto& a = forward[r][i];
+      const auto& b = backward[reqs.size() - 1 - r][i];
+      CHECK(a.tokens == b.tokens);
+      CHECK(a.logprobs == b.logprobs);
+      if (i > 0 && a.tokens != forward[r][0].tokens) samples_differ = true;
+    }
+  }
+  CHECK(samples_differ);  // the n samples of a prompt draw different streams
+  // Another seed, other tokens.
+  reqs[0].seed += 1;
+  const auto reseeded = qwen::generate_requests(model, reqs, options);
+  CHECK(reseeded[0][0].tokens != backward[0][0].tokens);
+  // Any pool size runs the same program; where the logits agree the tokens do. The same settings twice: the same.
+  options.max_num_seqs = 4;
+  CHECK(qwen::generate_requests(model, reqs, options)[2][1].tokens ==
+        qwen::generate_requests(model, reqs, options)[2][1].tokens);
+}
+
+TEST_CASE("engine: sampled log-probs are log softmax(logits / T) of the drawn tokens, as generate()'s") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir);
+  qwen::EngineOptions options;
+  options.max_new_tokens = 8;
+  options.sampling = {.temperature = 0.7};
+  options.return_logprobs = true;
+  options.max_num_seqs = 3;
+  const auto reqs = requests(2);
+  const auto out = qwen::generate_requests(model, reqs, options);
+  for (std::size_t r = 0; r < reqs.size(); ++r) {
+    for (const auto& sequence : out[r]) {
+      std::vector<int64_t> ids = reqs[r].prompt;
+      ids.insert(ids.end(), sequence.tokens.begin(), sequence.tokens.end());
+      const auto input = torch::tensor(ids, torch::kInt64).unsqueeze(0);
+      const auto mask = torch::ones_like(input);
+      const auto logits = model->forward(input, mask, qwen::position_ids_from_mask(mask))[0];
+      const auto prompt = static_cast<int64_t>(reqs[r].prompt.size());
+      const auto length = static_cast<int64_t>(sequence.tokens.size());
+      const auto expected = (logits.narrow(0, prompt - 1, length) / 0.7)
+                                .log_softmax(-1)
+                                .gather(1, torch::tensor(sequence.tokens, torch::kInt64).unsqueeze(1))
+                                .squeeze(1);
+      CHECK(torch::allclose(torch::tensor(sequence.logprobs), expected, 1e-4, 1e-5));
+    }
+  }
+}
+
+TEST_CASE("engine: the repetition penalty sees each sequence's own tokens (generate()'s when no prompt is padded)") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir);
+  std::vector<qwen::EngineRequest> reqs{{.prompt = {5, 6, 7}, .n = 2}, {.prompt = {9, 9, 4}, .n = 1}};
+  qwen::EngineOptions options;
+  options.max_new_tokens = 12;
+  options.sampling = {.temperature = 0.0, .repetition_penalty = 1.8};
+  options.max_num_seqs = 2;
+  const auto reference = greedy_reference(model, reqs, options);
+  const auto out = qwen::generate_requests(model, reqs, options);
+  CHECK(out[0][0].tokens == row_of(reference.tokens, 0, 12));
+  CHECK(out[0][1].tokens == row_of(reference.tokens, 1, 12));
+  CHECK(out[1][0].tokens == row_of(reference.tokens, 2, 12));
+}
+
+TEST_CASE("engine: counts: prefill rows per prompt, decode rows within the check interval's bound, static batches") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir);
+  const auto reqs = requests(4);  // 5 prompts x 4 samples
+  qwen::EngineOptions options;
+  options.max_new_tokens = 16;
+  options.sampling.temperature = 1.0;
+  options.max_num_seqs = 6;
+  options.check_every = 4;
+  // Forced stops between 1 and 16 tokens.
+  options.oracle_length = [](int64_t request, int64_t sample) { return 1 + (request * 7 + sample * 5) % 16; };
+  int64_t oracle_tokens = 0, decodes_needed = 0;
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t i = 0; i < 4; ++i) {
+      oracle_tokens += options.oracle_length(r, i);
+      decodes_needed += options.oracle_length(r, i) - 1;  // the first token comes from the prefill
+    }
+  }
+  qwen::EngineStats continuous;
+  const auto out = qwen::generate_requests(model, reqs, options, &continuous);
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t i = 0; i < 4; ++i) {
+      const auto& sequence = out[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
+      CHECK(static_cast<int64_t>(sequence.tokens.size()) == options.oracle_length(r, i));
+      CHECK(sequence.finish_reason == qwen::FinishReason::kStop);
+    }
+  }
+  CHECK(continuous.useful_tokens == oracle_tokens);
+  CHECK(continuous.prefill_rows ==
+        5);  // one per prompt: a half-admitted prompt's prefill is kept for its other samples
+  CHECK(continuous.rows_computed >= decodes_needed);
+  CHECK(continuous.rows_computed <= decodes_needed + 20 * (options.check_every - 1));
+  CHECK(continuous.sequences == 20);
+
+  options.continuous = false;
+  options.shared_prefill = false;
+  qwen::EngineStats batches;
+  const auto static_out = qwen::generate_requests(model, reqs, options, &batches);
+  for (std::size_t r = 0; r < 5; ++r) {
+    for (std::size_t i = 0; i < 4; ++i) CHECK(static_out[r][i].tokens.size() == out[r][i].tokens.size());
+  }
+  CHECK(batches.prefill_rows == 20);
+  CHECK(batches.rows_computed > continuous.rows_computed);
+}
+
+TEST_CASE("engine: a sink that says stop ends the run and counts the sequences in flight as dropped") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir);
+  qwen::EngineOptions options;
+  options.max_new_tokens = 8;
+  options.max_prompt_tokens = 8;
+  options.max_num_seqs = 4;
+  options.check_every = 1;
+  options.oracle_length = [](int64_t request, int64_t) { return 2 + request % 5; };
+  int64_t pulled = 0, received = 0;
+  qwen::GenerationEngine engine(model, options);
+  const auto stats = engine.run(
+      [&]() -> std::optional<qwen::EngineRequest> {
+        if (pulled == 100) return std::nullopt;
+        return qwen::EngineRequest{.prompt = {5, 6, 7 + pulled++ % 10}, .n = 2, .seed = 1};
+      },
+      [&](qwen::EngineSequence&&) { return ++received < 7; });
+  CHECK(received == 7);
+  CHECK(stats.sequences == 7);
+  CHECK(stats.dropped > 0);
+  CHECK(stats.dropped <= options.max_num_seqs);
+  CHECK(stats.requests < 100);  // prompts are taken as slots free up, not all at once
+}
+
+TEST_CASE("engine: bad requests and options are refused, naming what and which") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir);
+  qwen::EngineOptions options;
+  options.max_new_tokens = 4;
+  const auto run = [&](std::vector<qwen::EngineRequest> reqs) { return qwen::generate_requests(model, reqs, options); };
+  CHECK_THROWS_WITH_AS(run({{.prompt = {1, 2}}, {.prompt = {}}}), doctest::Contains("request 1 has an empty prompt"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(run({{.prompt = {1, 600}}}), doctest::Contains("request 0 holds token 600"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(run({{.prompt = {1}, .n = 0}}), doctest::Contains("request 0 asks for n = 0"),
+                       std::invalid_argument);
+  options.max_prompt_tokens = 2;
+  CHECK_THROWS_WITH_AS(run({{.prompt = {1, 2, 3}}}), doctest::Contains("more than max_prompt_tokens 2"),
+                       std::invalid_argument);
+  options.max_num_seqs = 0;
+  CHECK_THROWS_WITH_AS(run({{.prompt = {1}}}), doctest::Contains("max_num_seqs is 0"), std::invalid_argument);
+}
