@@ -1,5 +1,6 @@
 // qwen_gsm8k: the command-line driver. Subcommands: demo (the built-in tiny run), train (a Hugging Face Qwen2.5 model
-// on GSM8K JSON lines), compare (charts of several runs), tokenize (JSON lines in, token ids out); see cli/.
+// on GSM8K JSON lines), compare (charts of several runs), tokenize (JSON lines in, token ids out), generate (JSON
+// lines of prompts in, completions out), eval (greedy accuracy of a model or checkpoint); see cli/.
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
@@ -42,10 +43,14 @@ int main(int argc, char** argv) {
   qwen::cli::TrainCommand train;
   qwen::cli::CompareCommand compare;
   qwen::cli::TokenizeCommand tokenize;
+  qwen::cli::GenerateCommand generate;
+  qwen::cli::EvalCommand eval;
   qwen::cli::add_demo_command(app, demo);
   qwen::cli::add_train_command(app, train);
   qwen::cli::add_compare_command(app, compare);
   qwen::cli::add_tokenize_command(app, tokenize);
+  qwen::cli::add_generate_command(app, generate);
+  qwen::cli::add_eval_command(app, eval);
   CLI11_PARSE(app, argc, argv);
 
   // --print-config: the settings as parsed (and checked), nothing run.
@@ -84,9 +89,12 @@ int main(int argc, char** argv) {
   try {
     if (blas_threads == 0) {  // by the model's hidden size; a config that is not there is the train command's to report
       std::int64_t hidden_size = std::numeric_limits<std::int64_t>::max();  // unknown: as a large model
-      const std::filesystem::path config = std::filesystem::path(train.model_dir) / "config.json";
+      const std::string model_dir = generate.app->parsed() ? generate.model_dir
+                                    : eval.app->parsed()   ? eval.model_dir
+                                                           : train.model_dir;
+      const std::filesystem::path config = std::filesystem::path(model_dir) / "config.json";
       if (demo.app->parsed()) hidden_size = qwen::demo_model_config().hidden_size;
-      if (train.app->parsed() && std::filesystem::is_regular_file(config)) {
+      if (!demo.app->parsed() && !model_dir.empty() && std::filesystem::is_regular_file(config)) {
         hidden_size = qwen::Config::from_file(config).hidden_size;
       }
       blas_threads = qwen::blas_threads_for(hidden_size, threads);
@@ -94,6 +102,8 @@ int main(int argc, char** argv) {
     qwen::set_blas_threads(blas_threads);
     if (tokenize.app->parsed()) return qwen::run_tokenize(tokenize.tokenizer_dir, std::cin, std::cout, std::cerr);
     if (compare.app->parsed()) return qwen::cli::run_compare_command(compare);
+    if (generate.app->parsed()) return qwen::cli::run_generate_command(generate);
+    if (eval.app->parsed()) return qwen::cli::run_eval_command(eval);
     if (demo.app->parsed()) return qwen::cli::run_demo_command(demo, distributed);
     if (train.app->parsed()) return qwen::cli::run_train_command(train, distributed);
   } catch (const std::exception& error) {

@@ -3,12 +3,17 @@
 //   train     a Hugging Face Qwen2.5 model on GSM8K JSON lines
 //   compare   charts of several runs side by side
 //   tokenize  JSON lines in, token ids out
+//   generate  JSON lines of prompts in, JSON lines of completions out (the generation engine)
+//   eval      the greedy accuracy training's evaluations compute, for a model or a checkpoint
 // Parsing `demo` or `train` also checks the settings together (CLI::ValidationError naming the flag), so a bad
 // command line fails before any rank starts or any file is read.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
+#include <istream>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -16,7 +21,11 @@
 #include "qwen_gsm8k/cli/options.hpp"
 #include "qwen_gsm8k/data/data.hpp"
 #include "qwen_gsm8k/demo/demo.hpp"
+#include "qwen_gsm8k/model/model.hpp"
+#include "qwen_gsm8k/model/sampling.hpp"
+#include "qwen_gsm8k/text/tokenizer.hpp"
 #include "qwen_gsm8k/train/memory_plan.hpp"
+#include "qwen_gsm8k/train/rollout.hpp"
 #include "qwen_gsm8k/train/train_options.hpp"
 
 namespace qwen::cli {
@@ -83,5 +92,52 @@ struct TokenizeCommand {
   CLI::App* app = nullptr;
 };
 void add_tokenize_command(CLI::App& app, TokenizeCommand& command);
+
+struct GenerateOptions {
+  int64_t n = 1, max_new_tokens = 512, max_num_seqs = 64;
+  SamplingOptions sampling{.temperature = 0.0};
+  uint64_t seed = 0;
+  bool logprobs = false, skip_bad_lines = false;
+  std::string system_prompt = kSeedSystemPrompt;  // for "question" lines, as in training
+};
+struct GenerateCommand {
+  GenerateOptions options;
+  std::string model_dir, input, output, device = "cpu", dtype = "float32";
+  CLI::App* app = nullptr;
+};
+void add_generate_command(CLI::App& app, GenerateCommand& command);
+// One input line, read: its prompt's ids, its reference answer (when given), its line number in the file.
+struct GenerateLine {
+  std::vector<int64_t> prompt;
+  std::optional<std::string> answer;
+  int64_t line = 0;
+};
+// Every non-blank line of `in` (named `name` in errors) as a request; a malformed line throws
+// std::invalid_argument "name:line: what", or with skip_bad_lines is counted in *skipped.
+std::vector<GenerateLine> read_generate_input(std::istream& in, const std::string& name, const Tokenizer& tokenizer,
+                                              const GenerateOptions& options, int64_t* skipped = nullptr);
+struct GenerateSummary {
+  int64_t lines = 0, tokens = 0, scored = 0, correct = 0;
+};
+// Generates n completions per line and writes one JSON line per input line to `out`, in input order, each flushed as
+// soon as it and the lines before it are done: {"index", "line", "prompt_token_ids", "outputs": [{"text",
+// "token_ids", "finish_reason", "logprobs"?, "reward"?, "correct"?}]}. progress(lines written, lines) after each.
+GenerateSummary generate_lines(Qwen2ForCausalLM& model, const Tokenizer& tokenizer,
+                               const std::vector<GenerateLine>& lines, const GenerateOptions& options,
+                               std::ostream& out, const std::function<void(int64_t, int64_t)>& progress = {});
+int run_generate_command(const GenerateCommand& command);
+
+struct EvalCommand {
+  TrainOptions options;  // max_new_tokens, max_rollout_rows, the rewards' answer mode; the rest as training's defaults
+  std::string model_dir, test_file, device = "cpu", dtype = "float32", answer_format = "gsm8k";
+  DataFields fields;
+  int64_t problems = 0;
+  bool lenient_answers = false, skip_bad_lines = false;
+  CLI::App* app = nullptr;
+};
+void add_eval_command(CLI::App& app, EvalCommand& command);
+// The accuracy record: {"model", "test", "problems", "correct", "accuracy", "skipped_lines", "max_new_tokens"}.
+nlohmann::json evaluate(EvalCommand command);
+int run_eval_command(const EvalCommand& command);  // prints evaluate()'s record as one line
 
 }  // namespace qwen::cli

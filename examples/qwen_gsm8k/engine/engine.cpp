@@ -83,7 +83,7 @@ class Run {
     positions_ = torch::zeros({slots_}, longs);
     generated_index_ = torch::zeros({slots_}, longs);
     finished_at_ = torch::full({slots_}, -1, longs);
-    tokens_ = torch::full({slots_, width}, options.pad_id, longs);
+    tokens_ = torch::zeros({slots_, width}, longs);
     per_row_ = {&next_token_, &positions_, &generated_index_, &finished_at_, &tokens_};
     if (options.return_logprobs) {
       logprobs_ = torch::zeros({slots_, width}, longs.dtype(torch::kFloat32));
@@ -158,7 +158,9 @@ class Run {
     const auto count = static_cast<int64_t>(prompts.size());
     int64_t longest = 0;
     for (const auto* prompt : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(prompt->size()));
-    torch::Tensor ids = torch::full({count, longest}, options_.pad_id, torch::kInt64);
+    // Padding with token 0, which every vocabulary has (a tokenizer's pad id may lie past a small model's): masked,
+    // and its keys and values are overwritten by the sequence's own tokens.
+    torch::Tensor ids = torch::zeros({count, longest}, torch::kInt64);
     torch::Tensor mask = torch::zeros({count, longest}, torch::kInt64);
     std::vector<int64_t> last;
     for (int64_t p = 0; p < count; ++p) {
@@ -297,7 +299,7 @@ class Run {
       seen.scatter_(1, positions.unsqueeze(1), token.unsqueeze(1));
       seen_.index_copy_(0, slots, seen);
     }
-    torch::Tensor tokens = torch::full({count, width}, options_.pad_id, token.options());
+    torch::Tensor tokens = torch::zeros({count, width}, token.options());
     tokens.select(1, 0).copy_(token);
     tokens_.index_copy_(0, slots, tokens);
     if (logprobs_.defined()) {

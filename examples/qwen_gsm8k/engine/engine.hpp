@@ -50,7 +50,6 @@ struct EngineOptions {
   int64_t max_new_tokens = 256;
   std::vector<int64_t> stop_ids;  // a sequence ends after emitting any of these (kept in its tokens)
   SamplingOptions sampling;
-  int64_t pad_id = 0;  // the prefill's right padding
   bool return_logprobs = false;
   // Read the finished flags from the device every check_every decode steps (one host synchronisation), and at once
   // when a sequence reaches max_new_tokens. A sequence that stops between checks runs at most check_every - 1 steps
