@@ -17,6 +17,7 @@
 #include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/model.hpp"
 #include "qwen_gsm8k/train/memory_plan.hpp"
+#include "support/documented_commands.hpp"
 #include "support/qwen_fixtures.hpp"
 #include "support/tiny_model.hpp"
 
@@ -203,27 +204,8 @@ TEST_CASE("train --memory-plan: the documented real run plans at most 44 GiB on 
   std::ofstream(model / "config.json") << qwen25_1_5b().to_json().dump();
 
   // The documented command's words (docs/driver.md, "The real run"), with this model and data.
-  std::ifstream doc(std::filesystem::path(DAPO_SOURCE_DIR) / "docs" / "driver.md");
-  std::stringstream text;
-  text << doc.rdbuf();
-  const std::string markdown = text.str();
-  const auto begin = markdown.find("```sh\n", markdown.find("## The real run"));
-  REQUIRE(begin != std::string::npos);
-  std::string command = markdown.substr(begin + 6, markdown.find("```", begin + 6) - begin - 6);
-  std::vector<std::string> words;
-  {
-    std::string joined;
-    for (std::size_t i = 0; i < command.size(); ++i) {
-      if (command[i] == '\\' && i + 1 < command.size() && command[i + 1] == '\n') {
-        ++i;
-        joined += ' ';
-      } else {
-        joined += command[i];
-      }
-    }
-    std::istringstream split(joined);
-    for (std::string word; split >> word;) words.push_back(word);
-  }
+  auto words =
+      dapo::test::documented_command(std::filesystem::path(DAPO_SOURCE_DIR) / "docs" / "driver.md", "## The real run");
   REQUIRE(words.size() > 2);
   for (std::size_t i = 2; i + 1 < words.size(); ++i) {
     if (words[i] == "--model") words[i + 1] = model.string();

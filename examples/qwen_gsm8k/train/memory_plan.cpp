@@ -168,6 +168,7 @@ std::vector<std::string> settings_that_fit(const MemoryPlanInput& input, int64_t
   };
   std::vector<std::string> found;
   const TrainOptions& o = input.options;
+  const MemoryPlan current = plan_memory(input);  // the settings as given: what each candidate is compared with
   const int64_t longest = input.max_prompt_tokens + o.max_new_tokens;
   for (const bool autocast : {o.autocast.has_value(), true}) {
     for (const bool checkpointing : {o.gradient_checkpointing, true}) {
@@ -185,7 +186,7 @@ std::vector<std::string> settings_that_fit(const MemoryPlanInput& input, int64_t
       for (int64_t budget = int64_t{1} << 40; budget >= longest; budget /= 2) {
         candidate.options.ppo_max_token_len_per_gpu = budget;
         candidate.options.log_prob_max_token_len_per_gpu = 0;
-        if (budget < plan_memory(input).update_tokens && fits(candidate)) {
+        if (budget < current.update_tokens && fits(candidate)) {
           found.push_back(
               (flags + " --use-dynamic-bsz --ppo-max-token-len-per-gpu " + std::to_string(budget)).substr(1));
           break;
@@ -195,7 +196,7 @@ std::vector<std::string> settings_that_fit(const MemoryPlanInput& input, int64_t
   }
   // Where the rollout is what does not fit: fewer rows per generate call.
   MemoryPlanInput candidate = input;
-  const int64_t rows = plan_memory(input).rollout_rows;
+  const int64_t rows = current.rollout_rows;
   for (int64_t limit = rows / 2; limit >= 1; limit /= 2) {
     candidate.options.max_rollout_rows = limit;
     const MemoryPlan plan = plan_memory(candidate);
