@@ -1,10 +1,11 @@
-// Rollouts the old way and the engine's way, on a GSM8K-like long tail of response lengths: today's static batch
+// Rollouts the old way and the engine's way, on a GSM8K-like long tail of response lengths: the static batch
 // (qwen::generate, every prompt repeated n times, finished rows computed until the longest ends), the engine with
 // static batches, and the engine's continuous batching, each with one prefill per sequence or per prompt; then
-// dynamic sampling, sequential rounds (today's trainer) against the engine's streaming (groups scored as they finish,
-// the run stopped when enough are kept). Random weights never stop, so each sequence gets an oracle stop length drawn
-// from a log-normal (median --median-fraction x max_new_tokens, sigma --sigma, cut at max_new_tokens), and a group is
-// kept with probability --keep rates by a seeded hash (as if its rewards disagreed).
+// dynamic sampling, sequential rounds of static batches (the trainer before the engine) against the engine's streaming
+// as the trainer runs it (qwen::GroupStream: admission control, groups decided in prompt order, the run stopped when
+// enough are kept). Random weights never stop, so each sequence
+// gets an oracle stop length drawn from a log-normal (median --median-fraction x max_new_tokens, sigma --sigma, cut at
+// max_new_tokens), and a group is kept with probability --keep rates by a seeded hash (as if its rewards disagreed).
 //
 // Reported per mode: decode calls (model forwards of one token per row), rows computed (their rows summed), rows
 // computed per useful token, prefill rows and tokens, finished-flag checks (host synchronisations), useful tokens/s,
@@ -28,6 +29,7 @@
 
 #include "qwen_gsm8k/common/seed.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
+#include "qwen_gsm8k/engine/group_stream.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/flags.hpp"
@@ -116,9 +118,10 @@ class Bench {
   Bench(qwen::Qwen2ForCausalLM& model, const Args& args, dapo::bench::TrackingAllocator& memory)
       : model_(model), args_(args), memory_(memory) {}
 
-  // Today's path: the groups' prompts repeated n times in one batch, decoded until the longest oracle length (random
-  // weights never stop; a finished row would run on as padding).
-  Result today(const Workload& work, int64_t first, int64_t count, const std::string& mode) {
+  // The static path (qwen::generate, the trainer's rollouts before the engine): the groups' prompts repeated n times in
+  // one batch, decoded until the longest oracle length (random weights never stop; a finished row would run on as
+  // padding).
+  Result static_batch(const Workload& work, int64_t first, int64_t count, const std::string& mode) {
     std::vector<std::vector<int64_t>> prompts;
     int64_t longest = 0, useful = 0, prompt_tokens = 0;
     for (int64_t g = first; g < first + count; ++g) {
@@ -170,11 +173,12 @@ class Bench {
     return options;
   }
 
-  // The engine over groups [0, limit): all of them, or (keep > 0) until `target` groups are kept.
+  // The engine over groups [0, limit): all of them, or (keep > 0) streaming dynamic sampling as the trainer runs it
+  // (qwen::GroupStream: admission control, groups decided in prompt order) until `target` groups are kept.
   Result engine(const Workload& work, int64_t limit, const qwen::EngineOptions& options, const std::string& mode,
                 double keep = 0, int64_t target = 0) {
-    int64_t next = 0, kept_groups = 0;
-    std::vector<int64_t> done(static_cast<std::size_t>(limit), 0);
+    int64_t next = 0;
+    qwen::GroupStream stream(args_.n, std::max<int64_t>(target, 1), limit);
     qwen::GenerationEngine engine(model_, options);
     Result result;
     result.mode = mode;
@@ -182,31 +186,30 @@ class Bench {
     const auto start = std::chrono::steady_clock::now();
     result.stats = engine.run(
         [&]() -> std::optional<qwen::EngineRequest> {
-          if (next == limit) return std::nullopt;
+          if (keep > 0 ? !stream.admit() : next == limit) return std::nullopt;
           const auto g = static_cast<std::size_t>(next);
           return qwen::EngineRequest{.prompt = work.prompts[g], .n = args_.n, .seed = static_cast<uint64_t>(next++)};
         },
         [&](qwen::EngineSequence&& sequence) {
-          if (keep <= 0) return true;
-          if (++done[static_cast<std::size_t>(sequence.request)] == args_.n && kept(sequence.request, keep)) {
-            ++kept_groups;
-          }
-          return kept_groups < target;
+          if (keep <= 0 || !stream.response_done(sequence.request)) return true;
+          return stream.decide([&](int64_t group) { return kept(group, keep); });
         });
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     result.peak_bytes = memory_.peak_bytes();
     result.groups_generated = result.stats.requests;
     result.rounds = 1;
+    if (keep > 0 && !stream.done()) throw std::runtime_error(mode + ": the stream ended before the target was kept");
     return result;
   }
 
-  // Today's dynamic sampling: rounds of `per_round` groups, each a static batch, until `target` groups are kept.
+  // Dynamic sampling in rounds (the trainer before the engine): rounds of `per_round` groups, each a static batch,
+  // until `target` groups are kept.
   Result rounds(const Workload& work, int64_t per_round, int64_t max_rounds, double keep, int64_t target) {
     Result total;
     total.mode = "rounds, keep " + fraction(keep);
     int64_t kept_groups = 0;
     for (int64_t round = 0; round < max_rounds && kept_groups < target; ++round) {
-      const Result part = today(work, round * per_round, per_round, "");
+      const Result part = static_batch(work, round * per_round, per_round, "");
       for (int64_t g = round * per_round; g < (round + 1) * per_round; ++g) kept_groups += kept(g, keep) ? 1 : 0;
       auto& s = total.stats;
       s.decode_calls += part.stats.decode_calls;
@@ -301,7 +304,7 @@ int run(const Args& args) {
     print(result);
     results.push_back(std::move(result));
   };
-  add(bench.today(work, 0, args.prompts, "static (today)"));
+  add(bench.static_batch(work, 0, args.prompts, "static (generate)"));
   add(bench.engine(work, args.prompts, bench.engine_options(max_prompt, rows, true, false, work),
                    "static, shared prefill"));
   add(bench.engine(work, args.prompts, bench.engine_options(max_prompt, slots, false, true, work), "continuous"));

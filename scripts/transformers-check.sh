@@ -5,7 +5,9 @@
 # CI's first leg; built here when missing). Each part fails on a mismatch (docs/platforms.md):
 #   a. drift: tests/fixtures/transformers_golden.py's model made afresh by the root's transformers passes the model test
 #   b. transformers to ours: models transformers made and saved in five configurations, through the same model test
-#   c. ours to transformers: checkpoints of `qwen_gsm8k train` (float32, bfloat16, sharded) loaded by transformers
+#   c. ours to transformers: checkpoints of `qwen_gsm8k train` (float32, bfloat16, sharded) and of the demo (its
+#      in-memory tokenizer written beside the weights) loaded by transformers; `qwen_gsm8k generate` on the demo's
+#      checkpoint with fewer slots than prompts against transformers' generate() on the same conversations
 #   d. generate() and the logits processors against qwen::generate and our sampler (and a chi-square of its draws)
 #   e. 20,000 generated strings through tokenizers and ours; f. 500 generated conversations through apply_chat_template
 # A failing part leaves its cases in build/transformers-check/refs/*_mismatches.json. The generated strings and
@@ -41,10 +43,22 @@ checkpoints=()
 checkpoints+=("$(train float32)")
 checkpoints+=("$(train bfloat16 --dtype bfloat16 --allow-bf16-weights)")
 checkpoints+=("$(train sharded --max-shard-size 2MB)")
+# The demo's: a short warm start and one GRPO step (no dynamic sampling to wait for), then its final checkpoint.
+"$build/examples/qwen_gsm8k/qwen_gsm8k" demo --algo grpo --output "$work/demo" --sft-steps 50 --sft-min-steps 50 \
+  --steps 1 --eval-problems 4 --quiet > "$work/demo.log" 2>&1 || { cat "$work/demo.log" >&2; exit 1; }
+demo=$work/demo/checkpoints/$(cat "$work/demo/checkpoints/latest")
+checkpoints+=("$demo")
 step "our trainer's checkpoints written: ${checkpoints[*]}"
+generate_tokens=24
 bash scripts/libtorch2.sh sid python tests/transformers/references.py checkpoints "$work/refs" "${checkpoints[@]}" \
-  > /dev/null 2> "$work/checkpoints.log" || { cat "$work/checkpoints.log" >&2; exit 1; }
+  --generate "$demo" --generate-tokens $generate_tokens > /dev/null 2> "$work/checkpoints.log" ||
+  { cat "$work/checkpoints.log" >&2; exit 1; }
 step "transformers read our checkpoints"
+# The held-out check's shape: 3 sequence slots for 12 conversations (tests/transformers/generation_test.cpp compares).
+"$build/examples/qwen_gsm8k/qwen_gsm8k" generate --model "$demo" --input "$work/refs/generate_input.jsonl" \
+  --output "$work/refs/generate_ours.jsonl" --max-num-seqs 3 --max-new-tokens $generate_tokens \
+  > "$work/generate.log" 2>&1 || { cat "$work/generate.log" >&2; exit 1; }
+step "qwen_gsm8k generate on the demo's checkpoint"
 
 status=0
 goldens=$(printf '%s:' "$PWD/$work/refs/drift" "$PWD/$work"/refs/configs/*)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/engine/engine.hpp"
+#include "qwen_gsm8k/engine/group_stream.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
@@ -245,6 +246,81 @@ TEST_CASE("engine: a sink that says stop ends the run and counts the sequences i
   CHECK(stats.dropped > 0);
   CHECK(stats.dropped <= options.max_num_seqs);
   CHECK(stats.requests < 100);  // prompts are taken as slots free up, not all at once
+}
+
+TEST_CASE("group stream: admission by the informative share, decisions in prompt order, the stop and the bound") {
+  // Groups of 2 responses, 3 to keep. Before any decision every undecided group counts as informative: 3 admitted.
+  qwen::GroupStream stream(2, 3, 0);
+  CHECK(stream.admit());
+  CHECK(stream.admit());
+  CHECK(stream.admit());
+  CHECK_FALSE(stream.admit());
+  std::vector<int64_t> asked;
+  const auto keep_even = [&](int64_t group) {
+    asked.push_back(group);
+    return group % 2 == 0;
+  };
+  // Group 1 completes first: it waits for group 0, which decides first.
+  CHECK_FALSE(stream.response_done(1));
+  CHECK(stream.response_done(1));
+  CHECK(stream.decide(keep_even));
+  CHECK(asked.empty());
+  CHECK_FALSE(stream.response_done(0));
+  CHECK(stream.response_done(0));
+  CHECK(stream.decide(keep_even));
+  CHECK(asked == std::vector<int64_t>{0, 1});
+  CHECK(stream.decided() == 2);
+  CHECK(stream.kept() == 1);
+  // Share 1/2: kept 1 + 0.5 x undecided must stay under 3, so the undecided (group 2 so far) may grow to 4.
+  CHECK(stream.admit());
+  CHECK(stream.admit());
+  CHECK(stream.admit());
+  CHECK_FALSE(stream.admit());
+  CHECK(stream.pulled() == 6);
+  // Groups 2 and 4 are kept, 3 is not: the stop at the third kept group leaves group 5 undecided (dropped).
+  for (const int64_t group : {2, 3, 4, 5}) {
+    stream.response_done(group);
+    stream.response_done(group);
+  }
+  CHECK_FALSE(stream.decide(keep_even));
+  CHECK(asked == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(stream.done());
+  CHECK(stream.kept() == 3);
+  CHECK(stream.dropped() == 1);
+  CHECK_FALSE(stream.admit());
+
+  // Nothing informative: admission never holds back, and max_groups bounds the prompts.
+  qwen::GroupStream bounded(1, 2, 4);
+  int64_t admitted = 0;
+  while (bounded.admit()) {
+    ++admitted;
+    bounded.response_done(admitted - 1);
+    CHECK(bounded.decide([](int64_t) { return false; }));
+  }
+  CHECK(admitted == 4);
+  CHECK_FALSE(bounded.done());
+
+  // The stop drops the groups taken after the deciding one. Target 2: groups 0 and 1 fill it until group 0 is
+  // decided as not informative (share 0), then 2 and 3 are taken up to the bound; 1 and 2 are kept, 3 is dropped.
+  qwen::GroupStream dropping(1, 2, 4);
+  CHECK(dropping.admit());
+  CHECK(dropping.admit());
+  CHECK_FALSE(dropping.admit());
+  dropping.response_done(0);
+  CHECK(dropping.decide([](int64_t) { return false; }));
+  CHECK(dropping.admit());
+  CHECK(dropping.admit());
+  CHECK_FALSE(dropping.admit());  // the bound
+  dropping.response_done(2);
+  dropping.response_done(1);
+  CHECK_FALSE(dropping.decide([](int64_t) { return true; }));
+  CHECK(dropping.kept() == 2);
+  CHECK(dropping.dropped() == 1);
+
+  CHECK_THROWS_WITH_AS(stream.response_done(9), doctest::Contains("group 9 was never admitted"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(stream.response_done(0), doctest::Contains("group 0 has all its 2 responses"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(qwen::GroupStream(0, 1, 0), doctest::Contains("group_size 0"), std::invalid_argument);
 }
 
 TEST_CASE("engine: bad requests and options are refused, naming what and which") {

@@ -85,6 +85,10 @@ TEST_CASE("generation: seeded draws repeat, stops end rows, truncation and log-p
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(qwen::generate(model, {{1, 600}}, options), doctest::Contains("holds token 600"),
                        std::invalid_argument);
+  auto past_vocab = options;
+  past_vocab.pad_id = 151643;  // Qwen2.5's <|endoftext|> with a tiny model's vocabulary
+  CHECK_THROWS_WITH_AS(qwen::generate(model, {{1, 2}}, past_vocab), doctest::Contains("pad_id 151643 is outside"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("generation: the prefill runs the lm-head on the last prompt position only (no prompt x vocab logits)") {

@@ -181,7 +181,7 @@ TEST_CASE("memory plan: a token budget bounds the update's micro-batch; the prop
       if (word == "--gradient-checkpointing") applied.options.gradient_checkpointing = true;
       if (word == "--use-dynamic-bsz") applied.options.use_dynamic_bsz = true;
       if (word == "--ppo-max-token-len-per-gpu") words >> applied.options.ppo_max_token_len_per_gpu;
-      if (word == "--max-rollout-rows") words >> applied.options.max_rollout_rows;
+      if (word == "--max-num-seqs" || word == "--max-rollout-rows") words >> applied.options.max_rollout_rows;
       if (word == "--autocast") applied.options.autocast = torch::kBFloat16, words >> word;
     }
     CHECK(qwen::plan_memory(applied).peak_bytes() <= available);

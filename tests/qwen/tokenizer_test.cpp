@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "qwen_gsm8k/text/pre_tokenizer.hpp"
@@ -389,6 +390,106 @@ TEST_CASE("tokenizer.json: a minimal file loads; both merge forms apply") {
   CHECK(configured.eos_token_id() == 258);
   CHECK(configured.pad_token_id() == 258);
   CHECK(configured.chat_template() == "{{ messages }}");
+}
+
+namespace {
+
+// Tokenizer::save, then from_directory: the same ids, decodings, added tokens, eos, pad and chat template.
+void check_same_tokenizer(const Tokenizer& original, const Tokenizer& reloaded, const std::vector<std::string>& texts) {
+  CHECK(reloaded.vocab_size() == original.vocab_size());
+  for (int32_t id = 0; id < original.vocab_size(); ++id) {
+    CAPTURE(id);
+    CHECK(reloaded.is_special(id) == original.is_special(id));
+  }
+  REQUIRE(reloaded.added_tokens().size() == original.added_tokens().size());
+  for (std::size_t i = 0; i < original.added_tokens().size(); ++i) {
+    const auto &a = original.added_tokens()[i], &b = reloaded.added_tokens()[i];
+    CHECK(std::tie(a.content, a.id, a.special, a.lstrip, a.rstrip, a.single_word, a.normalized) ==
+          std::tie(b.content, b.id, b.special, b.lstrip, b.rstrip, b.single_word, b.normalized));
+  }
+  CHECK(reloaded.eos_token_id() == original.eos_token_id());
+  CHECK(reloaded.pad_token_id() == original.pad_token_id());
+  CHECK(reloaded.chat_template() == original.chat_template());
+  int64_t differing = 0;
+  for (const std::string& text : texts) {
+    const auto ids = original.encode(text);
+    differing += reloaded.encode(text) != ids || reloaded.decode(ids) != original.decode(ids);
+  }
+  CHECK(differing == 0);
+}
+
+}  // namespace
+
+TEST_CASE("save: the Qwen2.5 tokenizer written back has Hugging Face's vocabulary and merges and every golden's ids") {
+  const auto fixtures = fixtures_dir();
+  if (!fixtures) return;
+  const Tokenizer& tokenizer = qwen_tokenizer(*fixtures);
+  TempDir dir;
+  tokenizer.save(dir.path());
+  const auto read = [](const fs::path& path) { return json::parse(std::ifstream(path)); };
+  const json ours = read(dir.path() / "tokenizer.json"), theirs = read(*fixtures / "qwen2.5" / "tokenizer.json");
+  CHECK(ours.at("model").at("vocab") == theirs.at("model").at("vocab"));
+  const json &our_merges = ours.at("model").at("merges"), &their_merges = theirs.at("model").at("merges");
+  REQUIRE(our_merges.size() == their_merges.size());
+  int64_t differing_merges = 0;
+  for (std::size_t rank = 0; rank < their_merges.size(); ++rank) {
+    const json& merge = their_merges[rank];  // ["left", "right"] or "left right"
+    const std::string joined =
+        merge.is_string() ? merge.get<std::string>() : merge[0].get<std::string>() + " " + merge[1].get<std::string>();
+    differing_merges += our_merges[rank][0].get<std::string>() + " " + our_merges[rank][1].get<std::string>() != joined;
+  }
+  CHECK(differing_merges == 0);
+  CHECK(ours.at("added_tokens").size() == theirs.at("added_tokens").size());
+  CHECK(ours.at("normalizer").at("type") == "NFC");
+
+  std::ifstream in(*fixtures / "golden_encodings.json");
+  REQUIRE(in.good());
+  std::vector<std::string> texts;
+  for (const json& item : json::parse(in)) texts.push_back(item.at("text"));
+  const Tokenizer reloaded = Tokenizer::from_directory(dir.path());
+  check_same_tokenizer(tokenizer, reloaded, texts);
+  // Each golden's ids, from the reloaded tokenizer alone (the check above compares it with ours).
+  std::ifstream again(*fixtures / "golden_encodings.json");
+  int64_t mismatches = 0;
+  for (const json& item : json::parse(again))
+    mismatches += reloaded.encode(item.at("text").get<std::string>()) != ids_of(item.at("ids"));
+  CHECK(mismatches == 0);
+}
+
+TEST_CASE("save: the demo's byte-level tokenizer and a small file with a shadowed vocabulary entry round-trip") {
+  const std::vector<std::string> texts = {"",
+                                          "Answer with <think> then <answer>.",
+                                          "<|im_start|>user\n12 + 30 = ?<|im_end|>\n",
+                                          "  two  spaces\t\ttabs\n\n",
+                                          "caf\xc3\xa9 \xe2\x82\xac 3\xc2\xbd",
+                                          "cafe\xcc\x81",
+                                          "bad \xff\xfe bytes",
+                                          "<|endoftext|><|im_end|>",
+                                          "ab  ab   abab"};
+  TempDir dir;
+  for (const bool nfc : {false, true}) {
+    CAPTURE(nfc);
+    const Tokenizer bytes = Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"},
+                                                  {.chat_template = "{{ messages }}", .nfc = nfc});
+    bytes.save(dir.path());
+    check_same_tokenizer(bytes, Tokenizer::from_directory(dir.path()), texts);
+    const json config = json::parse(std::ifstream(dir.path() / "tokenizer_config.json"));
+    CHECK(config.at("tokenizer_class") == (nfc ? "Qwen2Tokenizer" : "PreTrainedTokenizerFast"));
+    // NFC composes e + U+0301 into one code point (two bytes), as Qwen2.5's tokenizer does.
+    CHECK(bytes.encode("e\xCC\x81").size() == (nfc ? 2 : 3));
+  }
+
+  // "ĠĠ" (id 256) is both a vocabulary token, the result of a merge, and an added token's content at the same id.
+  TempDir shadowed;
+  json file = minimal_tokenizer_json();
+  file["added_tokens"].push_back({{"id", 256}, {"content", "ĠĠ"}, {"special", false}});
+  shadowed.write("tokenizer.json", file.dump());
+  const Tokenizer original = Tokenizer::from_directory(shadowed.path());
+  TempDir copy;
+  original.save(copy.path());
+  const json written = json::parse(std::ifstream(copy.path() / "tokenizer.json"));
+  CHECK(written.at("model").at("vocab").at("ĠĠ") == 256);
+  check_same_tokenizer(original, Tokenizer::from_directory(copy.path()), texts);
 }
 
 TEST_CASE("tokenizer files: each defect gets a message naming the file, the place and a hint") {

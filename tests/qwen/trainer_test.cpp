@@ -119,6 +119,8 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
                           "train/num_gen_batches",
                           "dapo/kept_groups",
                           "dapo/filtered_groups",
+                          "dapo/dropped_groups",
+                          "perf/decode_calls",
                           "sampled/score/mean",
                           "sampled/accuracy",
                           "reward/correctness",
@@ -209,6 +211,11 @@ TEST_CASE("the clip acts only off-policy, and dynamic sampling drops groups whos
     off_policy_clip = std::max({off_policy_clip, clips[1], clips[2], clips[3]});
     CHECK(row.at("dapo/kept_groups") == 8);
     filtered += row.at("dapo/filtered_groups").get<int64_t>();
+    // Streaming: the groups taken after the eighth informative one (in prompt order) are dropped, finished or not; no
+    // more prompts were taken than max_num_gen_batches rounds hold.
+    CHECK(row.at("dapo/dropped_groups").get<int64_t>() >= 0);
+    CHECK(row.at("train/num_gen_batches").get<int64_t>() <= 32);
+    CHECK(row.at("dapo/surplus_groups") == 0);  // the engine stops at the eighth
   }
   CHECK(off_policy_clip > 0.0);  // the later updates of a step are off-policy, and there the clip acts
   CHECK(filtered > 0);           // all-right or all-wrong groups were drawn and dropped
@@ -229,7 +236,8 @@ TEST_CASE("dynamic sampling stops with its clear error when max_num_gen_batches 
                         problems.train, problems.test, options);
   CHECK_THROWS_WITH_AS(
       trainer.step(),
-      doctest::Contains("2 generation rounds (max_rounds = 2) kept 0 informative groups of the 2 wanted"),
+      doctest::Contains("4 prompts (2 generation rounds, max_num_gen_batches = 2) kept 0 informative groups of the 2 "
+                        "wanted"),
       std::runtime_error);
 }
 

@@ -1,6 +1,7 @@
 // Checkpoints our trainer wrote (`qwen_gsm8k train`, scripts/transformers-check.sh), as transformers reads them
 // (tests/transformers/references.py checkpoints): the model class and stored dtype, tied embeddings, the tokenizer's
-// ids for GSM8K questions, the generation config, and logits of a left-padded batch within 1e-4 of ours.
+// ids for GSM8K questions and conversations (the chat template), the generation config, and logits of a left-padded
+// batch within 1e-4 of ours. One checkpoint is the demo's, whose tokenizer files our Tokenizer::save wrote.
 // Shapes: B = rows, T = the longest row, V = vocabulary.
 #include <torch/torch.h>
 
@@ -12,6 +13,7 @@
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/safetensors.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/text/chat.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "support/shared.hpp"
 #include "transformers/references.hpp"
@@ -73,6 +75,18 @@ TEST_CASE("our trainer's checkpoints load in transformers with every key, and it
     }
     CHECK(differing == 0);
     CHECK(item.at("pad_token_id") == tokenizer.pad_token_id().value_or(-1));
+    // Conversations rendered by the checkpoint's chat template (apply_chat_template): our text and ids.
+    const std::string system = item.at("chat_system");
+    const auto& chat_texts = item.at("chat_texts");
+    const auto& chat_ids = item.at("chat_ids");
+    REQUIRE(chat_texts.size() == chat_ids.size());
+    CHECK(chat_texts.size() >= 10);
+    for (std::size_t q = 0; q < chat_texts.size(); ++q) {
+      CAPTURE(q);
+      const std::string text = qwen::render_chat({{"system", system}, {"user", questions[q]}}, true);
+      CHECK(text == chat_texts[q].get<std::string>());
+      CHECK(tokenizer.encode(text) == chat_ids[q].get<std::vector<int32_t>>());
+    }
     CHECK(item.at("eos_token_id") == tokenizer.eos_token_id().value_or(-1));
 
     // The generation config: every field we wrote, read by transformers with the same value.

@@ -4,12 +4,26 @@
 // when all rows have).
 #include <torch/torch.h>
 
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "transformers/references.hpp"
+
+namespace {
+
+// How many tokens of transformers' row count: up to and including the first EOS, else all (pad ids follow an EOS).
+std::size_t length_to_eos(const std::vector<int64_t>& tokens, int64_t eos) {
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    if (tokens[t] == eos) return t + 1;
+  }
+  return tokens.size();
+}
+
+}  // namespace
 
 TEST_CASE("greedy generate() of a left-padded batch with EOS and pad ids: transformers' tokens, lengths and stops") {
   const auto json = dapo::test::read_reference("generation.json");
@@ -38,13 +52,7 @@ TEST_CASE("greedy generate() of a left-padded batch with EOS and pad ids: transf
         const auto& theirs = expected[b];
         REQUIRE(static_cast<int64_t>(theirs.size()) <= options.max_new_tokens);
         // transformers' row: tokens up to and including EOS, then pad ids to L.
-        std::size_t length = theirs.size();
-        for (std::size_t t = 0; t < theirs.size(); ++t) {
-          if (theirs[t] == eos) {
-            length = t + 1;
-            break;
-          }
-        }
+        const std::size_t length = length_to_eos(theirs, eos);
         const bool stopped = length < theirs.size() || (length > 0 && theirs[length - 1] == eos);
         const torch::Tensor row = output.tokens[static_cast<int64_t>(b)].cpu();
         const std::vector<int64_t> ours(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
@@ -92,13 +100,7 @@ TEST_CASE("the generation engine's greedy sequences are transformers' for pool s
       for (std::size_t b = 0; b < prompts.size(); ++b) {
         CAPTURE(b);
         const auto& theirs = expected[b];
-        std::size_t length = theirs.size();  // tokens up to and including EOS
-        for (std::size_t t = 0; t < theirs.size(); ++t) {
-          if (theirs[t] == eos) {
-            length = t + 1;
-            break;
-          }
-        }
+        const std::size_t length = length_to_eos(theirs, eos);
         const auto& ours = out[b][0];
         CHECK(ours.tokens ==
               std::vector<int64_t>(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(length)));
@@ -107,4 +109,47 @@ TEST_CASE("the generation engine's greedy sequences are transformers' for pool s
       }
     }
   }
+}
+
+// scripts/transformers-check.sh ran `qwen_gsm8k generate --max-num-seqs 3` on the demo's checkpoint for 12
+// conversations (references.py's generate_input.jsonl) and transformers' generate() on the same ones (generate.json):
+// the same prompt ids from each side's tokenizer and chat template, and the same greedy tokens up to the first step
+// whose top-1 and top-2 logits lie within min_margin (another float order may flip it), the whole row where none does.
+TEST_CASE("qwen_gsm8k generate on the demo's checkpoint with 3 slots for 12 prompts gives transformers' generate()") {
+  const auto reference = dapo::test::read_reference("generate.json");
+  const auto& rows = reference.at("rows");
+  const double min_margin = reference.at("min_margin");
+  const auto path = dapo::test::transformers_references() / "generate_ours.jsonl";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot read " << path << " (written by scripts/transformers-check.sh)");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  REQUIRE(lines.size() == rows.size());
+  REQUIRE(rows.size() > 3);  // more prompts than slots
+  std::size_t whole = 0, compared = 0;
+  for (std::size_t b = 0; b < rows.size(); ++b) {
+    CAPTURE(b);
+    const auto& row = rows[b];
+    const auto& line = lines[b];
+    CHECK(line.at("index") == b);
+    CHECK(line.at("prompt_token_ids") == row.at("prompt_ids"));
+    REQUIRE(line.at("outputs").size() == 1);
+    const auto ours = line.at("outputs")[0].at("token_ids").get<std::vector<int64_t>>();
+    const auto theirs = row.at("tokens").get<std::vector<int64_t>>();
+    const auto margins = row.at("margins").get<std::vector<double>>();
+    REQUIRE(margins.size() == theirs.size());
+    std::size_t sure = 0;  // tokens before the first near-tie
+    while (sure < theirs.size() && margins[sure] >= min_margin) ++sure;
+    REQUIRE(ours.size() >= sure);
+    CHECK(std::vector<int64_t>(ours.begin(), ours.begin() + static_cast<std::ptrdiff_t>(sure)) ==
+          std::vector<int64_t>(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(sure)));
+    compared += sure;
+    if (sure == theirs.size()) {
+      ++whole;
+      CHECK(ours == theirs);
+      CHECK(line.at("outputs")[0].at("finish_reason") == (row.at("stopped").get<bool>() ? "stop" : "length"));
+    }
+  }
+  MESSAGE(whole << " of " << rows.size() << " rows compared whole, " << compared << " tokens");
+  CHECK(2 * whole >= rows.size());
 }

@@ -9,10 +9,12 @@ them). Nothing here compares: the C++ side does, except for what only transforme
                                   (the logits processors), OUT/initial (a random Qwen2.5-vocabulary model with the
                                   tokenizer, for our trainer to start from), OUT/tokenizer_cases.json,
                                   OUT/chat_cases.json
-  references.py checkpoints OUT DIR...
+  references.py checkpoints OUT DIR... [--generate DIR --generate-tokens N]
                                   transformers loads each checkpoint our trainer wrote (no missing, unexpected or
-                                  mismatched keys: checked here), its tokenizer, generation config and logits on a
-                                  left-padded batch: OUT/checkpoints.json and OUT/checkpoint-<k>.safetensors
+                                  mismatched keys: checked here), its tokenizer, chat template, generation config and
+                                  logits on a left-padded batch: OUT/checkpoints.json and OUT/checkpoint-<k>.safetensors;
+                                  with --generate, generate() on that checkpoint for GSM8K conversations:
+                                  OUT/generate_input.jsonl (for `qwen_gsm8k generate`) and OUT/generate.json
 
 Options of `models`: --strings N (tokenizer strings, default 20000), --conversations N (default 500), --seed S (of
 the generated strings and conversations; default: DAPO_FUZZ_SEED or a fresh one, printed, so that every run tries
@@ -58,6 +60,9 @@ CONFIGS = {
 }
 CHOICES = ("dtype", "max_shard_size", "layout")  # how the model is saved, not Qwen2Config fields
 MIN_MARGIN = 1e-3  # each greedy step's top-1 minus top-2 logit: another float order cannot flip the token
+CHAT_SYSTEM = "Answer with <think> then <answer>."  # the demo's system prompt, for the chat renderings
+CHAT_QUESTIONS = 20  # conversations rendered by apply_chat_template per checkpoint
+GENERATE_PROMPTS = 12  # conversations for generate()
 
 # generate(): EOS ids picked from the greedy continuations so that one row stops at its first token, one later, and
 # one runs to max_new_tokens; pad id 0 (as the golden batch's left padding).
@@ -276,6 +281,8 @@ def check_checkpoints(out, directories):
         tokenizer = AutoTokenizer.from_pretrained(directory)
         ids = [tokenizer(q, add_special_tokens=False)["input_ids"] for q in questions]
         generation = GenerationConfig.from_pretrained(directory)
+        chats = [tokenizer.apply_chat_template(conversation(q), tokenize=False, add_generation_prompt=True)
+                 for q in questions[:CHAT_QUESTIONS]]
         # A left-padded batch of three questions' first tokens, pad = the tokenizer's pad id.
         pad = tokenizer.pad_token_id
         prompts = [ids[0][:12], ids[1][:5], ids[2][:9]]
@@ -289,12 +296,52 @@ def check_checkpoints(out, directories):
             "dir": str(directory), "class": type(model).__name__, "stored_dtype": stored_dtype,
             "loading_info": {key: list(value) for key, value in info.items()},
             "tied": bool(model.config.tie_word_embeddings), "questions": questions, "question_ids": ids,
-            "pad_token_id": pad, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": pad, "eos_token_id": tokenizer.eos_token_id, "chat_system": CHAT_SYSTEM,
+            "chat_texts": chats, "chat_ids": [tokenizer(text, add_special_tokens=False)["input_ids"] for text in chats],
             "generation_config": json.loads(generation.to_json_string(use_diff=False)),
             "outputs": f"checkpoint-{k}.safetensors",
         })
     (out / "checkpoints.json").write_text(json.dumps(report) + "\n")
     return {"checkpoints": len(directories)}
+
+
+def conversation(question):
+    return [{"role": "system", "content": CHAT_SYSTEM}, {"role": "user", "content": question}]
+
+
+def generate_references(out, directory, new_tokens):
+    """generate() on a checkpoint of ours (the held-out check's shape): greedy, a left-padded batch of GSM8K
+    conversations rendered by the checkpoint's own chat template, stopping at <|im_end|> or <|endoftext|> (training's
+    stop ids). OUT/generate_input.jsonl holds the same conversations for `qwen_gsm8k generate`; OUT/generate.json each
+    row's prompt ids, tokens (up to the first stop id) and every step's top-1 minus top-2 logit, for
+    tests/transformers/generation_test.cpp to compare where no near-tie can flip a token."""
+    questions = [json.loads(line)["question"] for line in (SHARED / "data" / "gsm8k" / "test.jsonl").open()]
+    conversations = [conversation(q) for q in questions[:GENERATE_PROMPTS]]
+    with (out / "generate_input.jsonl").open("w") as lines:
+        for messages in conversations:
+            lines.write(json.dumps({"messages": messages}) + "\n")
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompts = [tokenizer(tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False)["input_ids"] for m in conversations]
+    stop = [tokenizer.convert_tokens_to_ids(name) for name in ("<|im_end|>", "<|endoftext|>")]
+    input_ids, attention_mask = left_padded(prompts, tokenizer.pad_token_id)
+    with torch.no_grad():
+        result = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
+                                max_new_tokens=new_tokens, eos_token_id=stop, pad_token_id=tokenizer.pad_token_id,
+                                output_logits=True, return_dict_in_generate=True)
+    generated = result.sequences[:, input_ids.shape[1]:].tolist()
+    top = torch.stack(result.logits, dim=1).float().topk(2, dim=-1).values  # [B, L, 2]
+    margins = (top[..., 0] - top[..., 1]).tolist()
+    rows = []
+    for b, tokens in enumerate(generated):
+        length = next((t + 1 for t, token in enumerate(tokens) if token in stop), len(tokens))
+        rows.append({"prompt_ids": prompts[b], "tokens": tokens[:length], "margins": margins[b][:length],
+                     "stopped": tokens[length - 1] in stop})
+    report = {"model": str(directory), "max_new_tokens": new_tokens, "stop_ids": stop, "min_margin": MIN_MARGIN,
+              "rows": rows}
+    (out / "generate.json").write_text(json.dumps(report) + "\n")
+    return {"generate_rows": len(rows)}
 
 
 def main():
@@ -305,6 +352,8 @@ def main():
     parser.add_argument("--strings", type=int, default=20000)
     parser.add_argument("--conversations", type=int, default=500)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--generate", type=Path, default=None)
+    parser.add_argument("--generate-tokens", type=int, default=24)
     args = parser.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.mode == "models":
@@ -316,6 +365,8 @@ def main():
         if not args.dirs:
             parser.error("checkpoints needs the checkpoint directories")
         facts = check_checkpoints(args.out, args.dirs)
+        if args.generate is not None:
+            facts.update(generate_references(args.out, args.generate, args.generate_tokens))
     print(json.dumps(facts))
 
 

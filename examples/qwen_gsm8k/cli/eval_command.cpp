@@ -21,7 +21,8 @@ void add_eval_command(CLI::App& app, EvalCommand& command) {
   sub->add_option("--eval-problems", command.problems, "The first K problems of the file; 0: all")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--max-rollout-rows", command.options.max_rollout_rows, "Sequences per generate call; 0: all")
+  sub->add_option("--max-num-seqs,--max-rollout-rows", command.options.max_rollout_rows,
+                  "The generation engine's slots; 0: every problem at once")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--question-field", command.fields.question, "JSON field of the question")->capture_default_str();

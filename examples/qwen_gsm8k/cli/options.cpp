@@ -384,7 +384,9 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
              "activation memory of one layer (verl enable_gradient_checkpointing, TRL gradient_checkpointing)");
   add_setting(command, "--logprob-chunk", o.logprob_chunk, "Rows of lm-head logits alive at once (memory vs speed)")
       ->check(positive());
-  add_setting(command, "--max-rollout-rows", o.max_rollout_rows, "Sequences per generation call; 0 = all")
+  add_setting(command, "--max-num-seqs,--max-rollout-rows", o.max_rollout_rows,
+              "The generation engine's slots: sequences in flight at once (vLLM max_num_seqs, verl "
+              "rollout.max_num_seqs); 0 = every row of a generation round")
       ->check(non_negative());
 }
 

@@ -13,6 +13,7 @@
 #include "qwen_gsm8k/common/run_directory.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/text/chat.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
 
@@ -22,8 +23,12 @@ namespace {
 // Short, so the byte-level prompt stays short; the same format the seed's system prompt asks for.
 constexpr const char* kDemoSystemPrompt = "Answer with <think> then <answer>.";
 
+// Qwen2.5's chat template (the prompts are rendered in its format) and its NFC normalisation, so that the checkpoints'
+// tokenizer files say so and transformers, which reads a qwen2 directory's tokenizer as Qwen2Tokenizer, encodes as we
+// do.
 Tokenizer demo_tokenizer() {
-  return Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+  return Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"},
+                               {.chat_template = std::string(qwen25_chat_template()), .nfc = true});
 }
 
 struct WarmStart {

@@ -118,14 +118,10 @@ class Run {
                        [&](const Row& row) { return row.generated >= options_.max_new_tokens; });
   }
 
-  // The next request from the source, checked; false when there are none.
+  // The next request from the source, checked; false when it has none now.
   bool pull() {
-    if (source_done_) return false;
     std::optional<EngineRequest> request = source_();
-    if (!request) {
-      source_done_ = true;
-      return false;
-    }
+    if (!request) return false;
     const int64_t index = stats_.requests++;
     const auto where = [&] { return "engine: request " + std::to_string(index) + " "; };
     if (request->n <= 0) throw std::invalid_argument(where() + "asks for n = " + std::to_string(request->n));
@@ -462,7 +458,6 @@ class Run {
   SlotCache cache_;
   std::vector<Row> rows_;
   std::deque<Waiting> waiting_;
-  bool source_done_ = false;
   // Per slot: the token the next step feeds, its position, the index of the next token, the first stop's index (-1),
   // the generated tokens, their log-probs, the tokens seen (repetition penalty) and the draws' uniforms.
   torch::Tensor next_token_, positions_, generated_index_, finished_at_, tokens_, logprobs_, seen_, uniforms_;

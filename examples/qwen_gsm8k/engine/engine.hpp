@@ -78,7 +78,8 @@ struct EngineStats {
   int64_t cache_bytes = 0;     // the slot pool's key/value buffers
 };
 
-// The next request, or nullopt when there are no more. Called only when a slot is free for it.
+// The next request, or nullopt when there is none now: the source is asked again at the next check, and the run ends
+// when it has none and no sequence is in flight. Called only when a slot is free for it.
 using RequestSource = std::function<std::optional<EngineRequest>()>;
 // Takes each finished sequence; returns false to stop the run (sequences in flight are dropped).
 using SequenceSink = std::function<bool(EngineSequence&&)>;

@@ -36,6 +36,12 @@ void check_prompts(const Qwen2ForCausalLM& model, const std::vector<std::vector<
                                 ", expected > 0");
   }
   const int64_t vocab = model->config().vocab_size;
+  // The pad id fills the model's input left of each prompt (masked, as transformers feeds it), so it must be a token.
+  if (options.pad_id < 0 || options.pad_id >= vocab) {
+    throw std::invalid_argument("generate: pad_id " + std::to_string(options.pad_id) +
+                                " is outside the vocabulary [0, " + std::to_string(vocab) +
+                                ") (a tokenizer's pad token past a small model's embedding? pass a token id)");
+  }
   for (std::size_t b = 0; b < prompts.size(); ++b) {
     if (prompts[b].empty()) throw std::invalid_argument("generate: prompt " + std::to_string(b) + " is empty");
     for (const int64_t id : prompts[b]) {

@@ -30,8 +30,16 @@ void Tokenizer::Impl::set_token(int32_t id, std::string token, std::string bytes
   kinds[id] = kind;
 }
 
+void Tokenizer::Impl::add_split(std::string_view pattern, bool literal, const std::string& where) {
+  splits.emplace_back(pattern, literal, where);
+  split_sources.push_back({std::string(pattern), literal});
+}
+
 void Tokenizer::Impl::add_added_tokens(std::vector<AddedToken> tokens_to_add) {
   for (auto& token : tokens_to_add) {
+    if (static_cast<std::size_t>(token.id) < kinds.size() && kinds[token.id] == TokenKind::kModel) {
+      shadowed_vocab.emplace_back(tokens[token.id], token.id);
+    }
     set_token(token.id, token.content, token.content, token.special ? TokenKind::kSpecial : TokenKind::kAdded);
   }
   added = std::move(tokens_to_add);
@@ -145,12 +153,12 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
-Tokenizer Tokenizer::byte_level(std::vector<std::string> special_tokens) {
+Tokenizer Tokenizer::byte_level(std::vector<std::string> special_tokens, ByteLevelOptions options) {
   auto impl = std::make_shared<Impl>();
   for (int byte = 0; byte < 256; ++byte) {
     impl->set_token(byte, impl->alphabet.spelling[byte], std::string(1, static_cast<char>(byte)), TokenKind::kModel);
   }
-  impl->splits.emplace_back(detail::kQwen2SplitPattern, false, "qwen::Tokenizer::byte_level");
+  impl->add_split(detail::kQwen2SplitPattern, false, "qwen::Tokenizer::byte_level");
   for (std::size_t i = 0; i < special_tokens.size(); ++i) {
     const std::string& content = special_tokens[i];
     DAPO_REQUIRE(!content.empty(), "qwen::Tokenizer::byte_level", "special_tokens[", i, "] is empty");
@@ -167,6 +175,8 @@ Tokenizer Tokenizer::byte_level(std::vector<std::string> special_tokens) {
   impl->find_byte_ids("qwen::Tokenizer::byte_level");
   impl->add_added_tokens(std::move(added));
   impl->default_eos_and_pad();
+  impl->chat_template = std::move(options.chat_template);
+  impl->nfc = options.nfc;
   return Tokenizer(std::move(impl));
 }
 

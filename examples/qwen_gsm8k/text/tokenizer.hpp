@@ -25,6 +25,12 @@ struct AddedToken {
   bool normalized = false;   // matched in the NFC-normalised text instead of the raw text
 };
 
+// Tokenizer::byte_level's settings beyond its special tokens.
+struct ByteLevelOptions {
+  std::string chat_template;  // what chat_template() returns and save() writes
+  bool nfc = false;           // NFC-normalise the text first, as Qwen2.5's tokenizer does
+};
+
 class Tokenizer {
  public:
   // Reads dir/tokenizer.json and, when present, dir/tokenizer_config.json (chat template, eos and pad token names).
@@ -34,7 +40,17 @@ class Tokenizer {
   // An in-memory tokenizer: ids 0..255 are the bytes 0..255 (as GPT-2 byte-level tokens), no merges, no
   // normalisation, and `special_tokens` become added special tokens 256, 257, ... Encoding a string therefore yields
   // its bytes, except where a special token occurs. Same code path as from_directory; used by the tiny demo model.
-  static Tokenizer byte_level(std::vector<std::string> special_tokens);
+  static Tokenizer byte_level(std::vector<std::string> special_tokens, ByteLevelOptions options = {});
+
+  // Writes dir/tokenizer.json and dir/tokenizer_config.json (each atomically; dir must exist), as Hugging Face's
+  // save_pretrained lays them out, so that from_directory and transformers' AutoTokenizer read back this tokenizer:
+  // the same ids for every text, the same added tokens, eos, pad and chat template. The vocabulary, merges (in rank
+  // order), normaliser and split patterns are those this tokenizer was built from. tokenizer_class is
+  // Qwen2Tokenizer when the tokenizer normalises to NFC and splits with Qwen2's pattern alone, else
+  // PreTrainedTokenizerFast. transformers 5 builds the tokenizer of a qwen2 model directory as Qwen2Tokenizer
+  // whatever tokenizer_class says (NFC, Qwen2's pattern, the file's vocabulary and merges), so only a Qwen-like
+  // tokenizer reads back the same there. Throws std::runtime_error naming the file when it cannot be written.
+  void save(const std::filesystem::path& dir) const;
 
   // Token ids of `text`; adds no BOS/EOS (Qwen adds none). Never throws on text: bytes that are not valid UTF-8 are
   // cut out of the text and each becomes its byte-level token, while the valid runs around them are NFC-normalised

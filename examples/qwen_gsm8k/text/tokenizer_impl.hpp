@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "qwen_gsm8k/text/added_tokens.hpp"
@@ -41,6 +42,15 @@ struct Tokenizer::Impl {
   bool ignore_merges = false;  // a piece that is a whole vocabulary token skips the merges (Llama 3 style)
   bool nfc = false;
   std::vector<detail::SplitRegex> splits;  // applied in order
+  // What the tables were built from, kept for save(): each split's pattern (literal or regex), the merges as id pairs
+  // in rank order, and the vocabulary entries an added token took the id of.
+  struct SplitSource {
+    std::string pattern;
+    bool literal = false;
+  };
+  std::vector<SplitSource> split_sources;
+  std::vector<std::array<int32_t, 2>> merge_pairs;
+  std::vector<std::pair<std::string, int32_t>> shadowed_vocab;
   std::vector<AddedToken> added;
   detail::AddedTokenMatcher raw_added, normalized_added;
   std::optional<int32_t> eos, pad;
@@ -48,6 +58,7 @@ struct Tokenizer::Impl {
   detail::PieceCache cache;
 
   // ---- building the tables (tokenizer.cpp)
+  void add_split(std::string_view pattern, bool literal, const std::string& where);
   void set_token(int32_t id, std::string token, std::string bytes, TokenKind kind);
   void add_added_tokens(std::vector<AddedToken> tokens_to_add);
   // Every byte must have its token: the merges start from single bytes, and invalid UTF-8 is encoded byte by byte.
@@ -63,6 +74,12 @@ struct Tokenizer::Impl {
   void load_pre_tokenizer(const nlohmann::json& root, const std::filesystem::path& path);
   bool load_pre_tokenizer_step(const nlohmann::json& step, const std::filesystem::path& path);
   void load_config(const std::filesystem::path& path);
+
+  // ---- writing the files (tokenizer_save.cpp)
+  nlohmann::ordered_json tokenizer_json() const;
+  nlohmann::ordered_json config_json() const;
+  // The byte-level spelling model.vocab gives `id`: an added token's id may have taken a vocabulary entry's.
+  const std::string& vocab_spelling(int32_t id) const;
 
   // ---- encode (tokenizer.cpp): added tokens -> NFC -> split regexes -> byte-level BPE
   void encode(std::string_view text, std::vector<int32_t>& out) const;

@@ -181,6 +181,7 @@ void Tokenizer::Impl::load_vocab(const json& vocab, const fs::path& path) {
 void Tokenizer::Impl::load_merges(const json& merge_list, const fs::path& path) {
   if (!merge_list.is_array()) fail(path, concat("\"model.merges\" must be an array, not ", merge_list.type_name()));
   merges.reserve(merge_list.size());
+  merge_pairs.reserve(merge_list.size());
   for (std::size_t rank = 0; rank < merge_list.size(); ++rank) {
     const json& merge = merge_list[rank];
     const auto [left, right] = merge_parts(merge, rank, path);
@@ -195,6 +196,7 @@ void Tokenizer::Impl::load_merges(const json& merge_list, const fs::path& path) 
     const int32_t left_id = id_of_model_token(left), right_id = id_of_model_token(right);
     const int32_t result = id_of_model_token(left + right);
     merges.add(left_id, right_id, static_cast<int32_t>(rank), result);
+    merge_pairs.push_back({left_id, right_id});
   }
 }
 
@@ -209,9 +211,9 @@ bool Tokenizer::Impl::load_pre_tokenizer_step(const json& step, const fs::path& 
                         "\" or invert is not supported (supported: Isolated, invert false)"));
     }
     if (pattern.contains("Regex") && pattern.at("Regex").is_string()) {
-      splits.emplace_back(pattern.at("Regex").get<std::string>(), false, path.string());
+      add_split(pattern.at("Regex").get<std::string>(), false, path.string());
     } else if (pattern.contains("String") && pattern.at("String").is_string()) {
-      splits.emplace_back(pattern.at("String").get<std::string>(), true, path.string());
+      add_split(pattern.at("String").get<std::string>(), true, path.string());
     } else {
       fail(path, concat("Split pattern ", pattern.dump(), " must be {\"Regex\": ...} or {\"String\": ...}"));
     }
@@ -222,7 +224,7 @@ bool Tokenizer::Impl::load_pre_tokenizer_step(const json& step, const fs::path& 
       fail(path, "ByteLevel add_prefix_space = true is not supported");
     }
     if (bool_field(step, "use_regex", true, "pre_tokenizer", path)) {
-      splits.emplace_back(detail::kGpt2SplitPattern, false, path.string());
+      add_split(detail::kGpt2SplitPattern, false, path.string());
     }
     return true;
   }

@@ -201,7 +201,7 @@ std::vector<std::string> settings_that_fit(const MemoryPlanInput& input, int64_t
     candidate.options.max_rollout_rows = limit;
     const MemoryPlan plan = plan_memory(candidate);
     if (plan.phases.front().bytes() <= available_bytes) {
-      if (plan.peak_bytes() <= available_bytes) found.push_back("--max-rollout-rows " + std::to_string(limit));
+      if (plan.peak_bytes() <= available_bytes) found.push_back("--max-num-seqs " + std::to_string(limit));
       break;
     }
   }

@@ -1,9 +1,11 @@
 // Sampling and scoring groups of responses.
 #include "qwen_gsm8k/train/rollout.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
+#include "qwen_gsm8k/common/seed.hpp"
 #include "qwen_gsm8k/text/chat.hpp"
 
 namespace qwen {
@@ -15,53 +17,84 @@ std::vector<int64_t> prompt_ids(const Tokenizer& tokenizer, const std::string& s
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
+void RolloutStats::add(const EngineStats& engine) {
+  generated_tokens += engine.useful_tokens;
+  decode_calls += engine.decode_calls;
+  rows_computed += engine.rows_computed;
+  prefill_rows += engine.prefill_rows;
+  sequences += engine.sequences;
+}
+
+EngineOptions rollout_engine_options(const RolloutOptions& options, int64_t rows, int64_t max_prompt_tokens) {
+  EngineOptions engine;
+  engine.max_num_seqs = options.max_batch_rows > 0 ? std::min(options.max_batch_rows, rows) : rows;
+  engine.max_prompt_tokens = max_prompt_tokens;
+  engine.max_new_tokens = options.generation.max_new_tokens;
+  engine.stop_ids = options.generation.stop_ids;
+  engine.sampling = options.generation.sampling;
+  engine.return_logprobs = options.generation.return_logprobs;
+  engine.check_every = options.check_every;
+  return engine;
+}
+
+uint64_t request_seed(uint64_t seed, int64_t index) {
+  return splitmix64(seed ^ (kSplitMixMultiplier2 * static_cast<uint64_t>(index + 1)));
+}
+
+Response make_response(const Tokenizer& tokenizer, EngineSequence&& sequence, const std::string& reference,
+                       const RewardOptions& rewards) {
+  Response response;
+  response.ids = std::move(sequence.tokens);
+  response.logprobs = std::move(sequence.logprobs);
+  response.truncated = sequence.finish_reason == FinishReason::kLength;
+  // The model's vocabulary is padded past the tokenizer's (Qwen2.5: 151936 rows, 151665 tokens); a sampled padding
+  // id has no text, as in Hugging Face's decode, but stays in ids, where the loss sees it.
+  std::vector<int32_t> ids32;
+  for (const int64_t id : response.ids) {
+    if (id < tokenizer.vocab_size()) ids32.push_back(static_cast<int32_t>(id));
+  }
+  response.text = tokenizer.decode(ids32, /*skip_special_tokens=*/true);
+  response.score = score_response(response.text, reference, static_cast<int64_t>(response.ids.size()), rewards);
+  return response;
+}
+
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats,
                            const ChunkProgress& on_chunk) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<Group> groups(problems.size());
-  std::vector<std::vector<int64_t>> prompts;
+  int64_t longest = 0;
   for (std::size_t g = 0; g < problems.size(); ++g) {
     groups[g].problem = problems[g];
     groups[g].prompt = prompt_ids(tokenizer, options.system_prompt, problems[g].question);
-    for (int64_t i = 0; i < options.group_size; ++i) prompts.push_back(groups[g].prompt);
+    groups[g].responses.resize(static_cast<std::size_t>(options.group_size));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(groups[g].prompt.size()));
   }
-  const auto rows = static_cast<int64_t>(prompts.size());
-  const int64_t chunk = options.max_batch_rows > 0 ? options.max_batch_rows : rows;
-  int64_t generated = 0;
-  for (int64_t start = 0; start < rows; start += chunk) {
-    const int64_t count = std::min(chunk, rows - start);
-    GenerationOptions generation = options.generation;
-    generation.seed = seed + static_cast<uint64_t>(start);  // each chunk its own stream, fixed by the seed
-    const std::vector<std::vector<int64_t>> batch(prompts.begin() + start, prompts.begin() + start + count);
-    const GenerationOutput out = generate(model, batch, generation);
-    const torch::Tensor tokens = out.tokens.cpu(), lengths = out.lengths.cpu(), truncated = out.truncated.cpu();
-    const torch::Tensor logprobs = out.logprobs.defined() ? out.logprobs.cpu().contiguous() : torch::Tensor();
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t row = start + i;
-      Response response;
-      const int64_t length = lengths[i].item<int64_t>();
-      response.ids.assign(tokens[i].data_ptr<int64_t>(), tokens[i].data_ptr<int64_t>() + length);
-      response.truncated = truncated[i].item<bool>();
-      if (logprobs.defined()) {
-        response.logprobs.assign(logprobs[i].data_ptr<float>(), logprobs[i].data_ptr<float>() + length);
-      }
-      // The model's vocabulary is padded past the tokenizer's (Qwen2.5: 151936 rows, 151665 tokens); a sampled
-      // padding id has no text, as in Hugging Face's decode, but stays in ids, where the loss sees it.
-      std::vector<int32_t> ids32;
-      for (const int64_t id : response.ids) {
-        if (id < tokenizer.vocab_size()) ids32.push_back(static_cast<int32_t>(id));
-      }
-      response.text = tokenizer.decode(ids32, /*skip_special_tokens=*/true);
-      auto& group = groups[static_cast<std::size_t>(row / options.group_size)];
-      response.score = score_response(response.text, group.problem.reference, length, options.rewards);
-      generated += length;
-      group.responses.push_back(std::move(response));
-    }
-    if (on_chunk) on_chunk(start + count, rows);
-  }
+  if (groups.empty()) return groups;
+  const auto rows = static_cast<int64_t>(groups.size()) * options.group_size;
+  const EngineOptions engine_options = rollout_engine_options(options, rows, longest);
+  const int64_t report_every = engine_options.max_num_seqs;
+  int64_t done = 0;
+  std::size_t next = 0;
+  GenerationEngine engine(model, engine_options);
+  const EngineStats counts = engine.run(
+      [&]() -> std::optional<EngineRequest> {
+        if (next == groups.size()) return std::nullopt;
+        const std::size_t g = next++;
+        return EngineRequest{
+            .prompt = groups[g].prompt, .n = options.group_size, .seed = request_seed(seed, static_cast<int64_t>(g))};
+      },
+      [&](EngineSequence&& sequence) {
+        Group& group = groups[static_cast<std::size_t>(sequence.request)];
+        const auto sample = static_cast<std::size_t>(sequence.sample);
+        group.responses[sample] =
+            make_response(tokenizer, std::move(sequence), group.problem.reference, options.rewards);
+        ++done;
+        if (on_chunk && (done % report_every == 0 || done == rows)) on_chunk(done, rows);
+        return true;
+      });
   if (stats != nullptr) {
-    stats->generated_tokens += generated;
+    stats->add(counts);
     stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
   return groups;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/data/data.hpp"
+#include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "qwen_gsm8k/train/rewards.hpp"
@@ -46,7 +47,8 @@ struct RolloutOptions {
   GenerationOptions generation;  // max_new_tokens, stop ids, sampling, pad id (the seed is set per call)
   RewardOptions rewards;
   std::string system_prompt = kSeedSystemPrompt;
-  int64_t max_batch_rows = 0;  // sequences per generate() call; 0: all at once
+  int64_t max_batch_rows = 0;  // the engine's slots (sequences in flight at once); 0: every row of the call
+  int64_t check_every = 8;     // decode steps between reads of the finished flags (EngineOptions::check_every)
 };
 
 // (rows done, rows in all) after each generate() call of a rollout.
@@ -55,13 +57,28 @@ using ChunkProgress = std::function<void(int64_t, int64_t)>;
 struct RolloutStats {
   int64_t generated_tokens = 0;
   double seconds = 0.0;
+  int64_t decode_calls = 0, rows_computed = 0, prefill_rows = 0, sequences = 0;  // the engine's (EngineStats)
+  void add(const EngineStats& engine);
 };
+
+// The engine's settings for a rollout's sequences: budget, stop ids, sampling, log-probs, slots (max_batch_rows, or
+// `rows` when 0), checks, the longest prompt.
+EngineOptions rollout_engine_options(const RolloutOptions& options, int64_t rows, int64_t max_prompt_tokens);
+
+// The seed of the request of the `index`-th prompt of a rollout seeded `seed`: its samples draw from
+// sequence_seed(request_seed(seed, index), sample).
+uint64_t request_seed(uint64_t seed, int64_t index);
+
+// A finished sequence as a Response: decoded (special tokens and ids past the tokenizer's vocabulary dropped) and
+// scored against `reference`.
+Response make_response(const Tokenizer& tokenizer, EngineSequence&& sequence, const std::string& reference,
+                       const RewardOptions& rewards);
 
 // How many of `problems` greedy decoding answers correctly, one response each, with the prompt, budget, stop ids and
 // rewards of `options` (its sampling and group size are replaced). A count, not a fraction, so that data-parallel
 // ranks can sum theirs.
-// on_chunk, when given, is called after each generate() call (options.max_batch_rows rows at a time) with the rows
-// done and the rows in all: a progress line for long evaluations.
+// on_chunk, when given, is called as every options.max_batch_rows rows (or all) have finished, with the rows done and
+// the rows in all: a progress line for long evaluations.
 int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                        const RolloutOptions& options, const ChunkProgress& on_chunk = {});
 
@@ -70,8 +87,9 @@ int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, cons
 std::vector<double> encode_groups(const std::vector<Group>& groups);
 std::vector<Group> decode_groups(const double* values, std::size_t count);
 
-// group_size responses for each problem, sampled with `seed`; appends timing to stats when given; on_chunk as for
-// greedy_correct.
+// group_size responses for each problem through the generation engine (one prefill per prompt, continuous batching
+// over max_batch_rows slots), sampled with `seed`; appends timing and counts to stats when given; on_chunk is called
+// as every max_batch_rows rows (or all) have finished.
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats = nullptr,
                            const ChunkProgress& on_chunk = {});

@@ -97,7 +97,7 @@ struct TrainOptions {
   // layer's input only and recomputes the layer in the backward (model/gradient_checkpointing.hpp). Same gradients,
   // activations of one layer instead of all, about one more forward per update.
   bool gradient_checkpointing = false;
-  int64_t max_rollout_rows = 0;  // sequences per generate() call; 0: all
+  int64_t max_rollout_rows = 0;  // the generation engine's slots (vLLM's max_num_seqs); 0: every row of a round
   int64_t eval_every = 0;        // trainer.test_freq; 0: only at the start and the end
   int64_t eval_problems = 100;
   int64_t eval_pass_k = 0;       // also pass@k with sampling when > 0

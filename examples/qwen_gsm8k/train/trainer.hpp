@@ -27,6 +27,7 @@
 #include "qwen_gsm8k/model/model.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
+#include "qwen_gsm8k/train/step_metrics.hpp"
 #include "qwen_gsm8k/train/train_options.hpp"
 
 namespace qwen {
@@ -105,6 +106,11 @@ class Trainer {
   std::vector<Group> collect_groups(nlohmann::json& metrics);
   // This rank's rollouts for its share of `problems`, all-gathered: every rank returns the round's groups in order.
   std::vector<Group> round_groups(const std::vector<Problem>& problems, uint64_t seed, RolloutStats& stats);
+  // Streaming dynamic sampling on one rank (trainer_rollouts.cpp): groups kept as they finish, the rest dropped.
+  std::vector<Group> stream_groups(int64_t per_round, RolloutStats& stats, SampledResponses& sampled,
+                                   nlohmann::json& metrics);
+  // The longest chat prompt of the training problems, in tokens (computed once): the engine's slot capacity.
+  int64_t max_train_prompt_tokens();
   bool is_root() const { return communicator_ == nullptr || communicator_->is_root(); }
   int world_size() const { return communicator_ == nullptr ? 1 : communicator_->world_size(); }
   void write_report() const;
@@ -129,6 +135,7 @@ class Trainer {
   MetricLog metric_log_;
   std::function<bool()> stop_requested_;
   std::unique_ptr<MemoryMonitor> memory_;  // each step's peak: perf/max_memory_allocated_gb, _reserved_gb
+  int64_t max_train_prompt_tokens_ = 0;    // 0: not computed yet
 };
 
 }  // namespace qwen

@@ -87,7 +87,8 @@ std::filesystem::path Trainer::save_checkpoint() {
   const std::string label = std::string("checkpoint ") + name + ": ";
   const auto started = std::chrono::steady_clock::now();
   // The input model directory (TrainOptions::model_dir, which the train command sets to --model) supplies
-  // config.json's other fields, generation_config.json and the tokenizer files; the demo has none.
+  // config.json's other fields, generation_config.json and the tokenizer files, copied as they are; the demo has
+  // none, and its in-memory tokenizer writes its own (Tokenizer::save).
   const SaveOptions save{.max_shard_bytes = options_.max_shard_bytes,
                          .source_dir = options_.model_dir,
                          .progress = [&](const std::string& line) { progress(label + line); }};
@@ -109,7 +110,9 @@ std::filesystem::path Trainer::save_checkpoint() {
                                        torch_message(error) + ")");
             }
           });
-          if (!options_.model_dir.empty()) {
+          if (options_.model_dir.empty()) {
+            tokenizer_.save(dir);
+          } else {
             for (const char* file : kTokenizerFiles) {
               const auto source = options_.model_dir / file;
               if (!std::filesystem::exists(source)) continue;
