@@ -222,7 +222,8 @@ class Run {
     const auto count = static_cast<int64_t>(chosen.size());
     const auto longs = torch::TensorOptions().dtype(torch::kInt64);
     std::vector<torch::Tensor> first_logits;
-    std::vector<int64_t> fresh_slots, fresh_rows;
+    std::vector<int64_t> fresh_slots, fresh_rows, kept_slots;
+    const Waiting* kept = nullptr;  // the half-admitted request whose kept prefill fills kept_slots (one at a time)
     for (std::size_t c = 0; c < chosen.size(); ++c) {
       const Waiting& entry = waiting_[chosen[c].first];
       const int64_t slot = start + static_cast<int64_t>(c);
@@ -231,10 +232,15 @@ class Run {
         fresh_rows.push_back(source_row[c]);
         first_logits.push_back(fresh.logits.narrow(0, source_row[c], 1));
       } else {
-        cache_.fill(torch::tensor({slot}, longs).to(device_), entry.keys, entry.values,
-                    torch::zeros({1}, longs).to(device_));
+        kept_slots.push_back(slot);
+        kept = &entry;
         first_logits.push_back(entry.logits);
       }
+    }
+    if (!kept_slots.empty()) {
+      const auto slots = static_cast<int64_t>(kept_slots.size());
+      cache_.fill(torch::tensor(kept_slots, longs).to(device_), kept->keys, kept->values,
+                  torch::zeros({slots}, longs).to(device_));
     }
     if (!fresh_slots.empty()) {
       cache_.fill(torch::tensor(fresh_slots, longs).to(device_), fresh.keys, fresh.values,
