@@ -168,11 +168,7 @@ GenerateSummary generate_lines(Qwen2ForCausalLM& model, const Tokenizer& tokeniz
       nlohmann::json record{{"index", next_written}, {"line", line.line}, {"prompt_token_ids", line.prompt}};
       nlohmann::json outputs = nlohmann::json::array();
       for (const auto& sequence : sequences) {
-        std::vector<int32_t> ids;
-        for (const int64_t id : sequence.tokens) {
-          if (id < tokenizer.vocab_size()) ids.push_back(static_cast<int32_t>(id));
-        }
-        nlohmann::json output{{"text", tokenizer.decode(ids, /*skip_special_tokens=*/true)},
+        nlohmann::json output{{"text", response_text(tokenizer, sequence.tokens)},
                               {"token_ids", sequence.tokens},
                               {"finish_reason", finish_reason_name(sequence.finish_reason)}};
         if (options.logprobs) output["logprobs"] = sequence.logprobs;

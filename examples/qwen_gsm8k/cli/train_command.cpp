@@ -178,11 +178,7 @@ MemoryPlanInput memory_plan_input(const TrainCommand& command) {
   fields.format = command.answer_format == "number" ? AnswerFormat::kNumber : AnswerFormat::kGsm8k;
   const auto data =
       load_problems(command.train_file, fields, command.skip_bad_lines ? BadLines::kSkip : BadLines::kError);
-  for (const auto& problem : data.problems) {
-    input.max_prompt_tokens =
-        std::max(input.max_prompt_tokens,
-                 static_cast<int64_t>(prompt_ids(tokenizer, input.options.system_prompt, problem.question).size()));
-  }
+  input.max_prompt_tokens = longest_prompt_tokens(tokenizer, input.options.system_prompt, data.problems);
   if (input.max_prompt_tokens == 0) {
     throw std::invalid_argument("memory plan: " + command.train_file + " holds no problem to take prompt lengths from");
   }

@@ -41,19 +41,31 @@ uint64_t request_seed(uint64_t seed, int64_t index) {
   return splitmix64(seed ^ (kSplitMixMultiplier2 * static_cast<uint64_t>(index + 1)));
 }
 
+std::string response_text(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  std::vector<int32_t> known;
+  known.reserve(ids.size());
+  for (const int64_t id : ids) {
+    if (id < tokenizer.vocab_size()) known.push_back(static_cast<int32_t>(id));
+  }
+  return tokenizer.decode(known, /*skip_special_tokens=*/true);
+}
+
+int64_t longest_prompt_tokens(const Tokenizer& tokenizer, const std::string& system_prompt,
+                              const std::vector<Problem>& problems) {
+  int64_t longest = 0;
+  for (const auto& problem : problems) {
+    longest = std::max(longest, static_cast<int64_t>(prompt_ids(tokenizer, system_prompt, problem.question).size()));
+  }
+  return longest;
+}
+
 Response make_response(const Tokenizer& tokenizer, EngineSequence&& sequence, const std::string& reference,
                        const RewardOptions& rewards) {
   Response response;
   response.ids = std::move(sequence.tokens);
   response.logprobs = std::move(sequence.logprobs);
   response.truncated = sequence.finish_reason == FinishReason::kLength;
-  // The model's vocabulary is padded past the tokenizer's (Qwen2.5: 151936 rows, 151665 tokens); a sampled padding
-  // id has no text, as in Hugging Face's decode, but stays in ids, where the loss sees it.
-  std::vector<int32_t> ids32;
-  for (const int64_t id : response.ids) {
-    if (id < tokenizer.vocab_size()) ids32.push_back(static_cast<int32_t>(id));
-  }
-  response.text = tokenizer.decode(ids32, /*skip_special_tokens=*/true);
+  response.text = response_text(tokenizer, response.ids);  // padding ids have no text but stay in ids for the loss
   response.score = score_response(response.text, reference, static_cast<int64_t>(response.ids.size()), rewards);
   return response;
 }

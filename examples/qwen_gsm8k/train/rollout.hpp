@@ -69,6 +69,14 @@ EngineOptions rollout_engine_options(const RolloutOptions& options, int64_t rows
 // sequence_seed(request_seed(seed, index), sample).
 uint64_t request_seed(uint64_t seed, int64_t index);
 
+// The text of sampled ids, special tokens skipped. The model's vocabulary is padded past the tokenizer's (Qwen2.5:
+// 151936 rows, 151665 tokens); a sampled padding id has no text, as in Hugging Face's decode.
+std::string response_text(const Tokenizer& tokenizer, const std::vector<int64_t>& ids);
+
+// The longest chat prompt (`system_prompt` and a question, rendered and encoded) of `problems`, in tokens; 0 if none.
+int64_t longest_prompt_tokens(const Tokenizer& tokenizer, const std::string& system_prompt,
+                              const std::vector<Problem>& problems);
+
 // A finished sequence as a Response: decoded (special tokens and ids past the tokenizer's vocabulary dropped) and
 // scored against `reference`.
 Response make_response(const Tokenizer& tokenizer, EngineSequence&& sequence, const std::string& reference,

@@ -106,7 +106,8 @@ class Trainer {
   std::vector<Group> collect_groups(nlohmann::json& metrics);
   // This rank's rollouts for its share of `problems`, all-gathered: every rank returns the round's groups in order.
   std::vector<Group> round_groups(const std::vector<Problem>& problems, uint64_t seed, RolloutStats& stats);
-  // Streaming dynamic sampling on one rank (trainer_rollouts.cpp): groups kept as they finish, the rest dropped.
+  // Streaming dynamic sampling on one rank (trainer_rollouts.cpp, scheduled by GroupStream): groups decided in
+  // prompt order as they complete, the run stopped when the batch is full, the rest dropped.
   std::vector<Group> stream_groups(int64_t per_round, RolloutStats& stats, SampledResponses& sampled,
                                    nlohmann::json& metrics);
   // The longest chat prompt of the training problems, in tokens (computed once): the engine's slot capacity.

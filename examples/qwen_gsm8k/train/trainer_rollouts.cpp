@@ -110,8 +110,9 @@ std::vector<Group> Trainer::stream_groups(int64_t per_round, RolloutStats& stats
         accuracies[index] = sampled.add({group});
         return stream.decide([&](int64_t next) {
           const int64_t before = sampler.kept();
-          sampler.add_round({std::move(groups[static_cast<std::size_t>(next)])},
-                            accuracies[static_cast<std::size_t>(next)]);
+          std::vector<Group> one;  // moved in: a braced list would copy the group
+          one.push_back(std::move(groups[static_cast<std::size_t>(next)]));
+          sampler.add_round(std::move(one), accuracies[static_cast<std::size_t>(next)]);
           return sampler.kept() > before;
         });
       });
@@ -136,11 +137,7 @@ std::vector<Group> Trainer::stream_groups(int64_t per_round, RolloutStats& stats
 
 int64_t Trainer::max_train_prompt_tokens() {
   if (max_train_prompt_tokens_ == 0) {
-    for (const auto& problem : train_) {
-      max_train_prompt_tokens_ = std::max<int64_t>(
-          max_train_prompt_tokens_,
-          static_cast<int64_t>(prompt_ids(tokenizer_, rollout_options_.system_prompt, problem.question).size()));
-    }
+    max_train_prompt_tokens_ = longest_prompt_tokens(tokenizer_, rollout_options_.system_prompt, train_);
   }
   return max_train_prompt_tokens_;
 }
