@@ -102,6 +102,12 @@ def main(argv):
                 number(bound / hf["decode_ms_per_step"], 2) if hf.get("decode_ms_per_step") else "—")
         add("generate", "peak GPU memory, GiB", number(_gib(ours.get("peak_device_memory_bytes")), 2),
             number(_gib(hf.get("peak_memory_bytes")), 2))
+        backends = ours.get("attention_backends")
+        if backends:  # at::_fused_sdp_choice: 0 math, 1 flash, 2 memory-efficient, 3 cuDNN
+            names = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", -1: "eager products"}
+            add("generate", "attention backend: training (causal), decode, prefill",
+                ", ".join(names.get(backends.get(k), str(backends.get(k)))
+                          for k in ("training_causal", "decode", "prefill")))
 
     for name, label in (("step_seed.json", "DAPO step, seed settings"), ("step_verl.json", "DAPO step, larger")):
         step = merged.get(name)

@@ -319,6 +319,18 @@ int run(const Args& args) {
   row("bandwidth bound ms/step @ " + std::to_string(static_cast<int64_t>(args.bandwidth_gbs)) + " GB/s", 3, bound_ms);
   row("bound / measured", 3, bound_ms / decode_ms);
   std::printf("%-44s %s\n", "peak device memory", dapo::bench::peak_memory_text(peak, args.device).c_str());
+  // The backend scaled_dot_product_attention takes for the layers' calls on this device (-1: the eager products):
+  // the training forward's causal call (rows of the prompt + new tokens), a decode step's and a prefill's.
+  const auto attention_options =
+      torch::TensorOptions().device(args.device).dtype(model->lm_head_weight().scalar_type());
+  const nlohmann::json backends = {
+      {"training_causal", qwen::attention_backend(config, args.batch, args.prompt + args.new_tokens,
+                                                  args.prompt + args.new_tokens, false, attention_options)},
+      {"decode",
+       qwen::attention_backend(config, args.batch, 1, args.prompt + args.new_tokens, true, attention_options)},
+      {"prefill", qwen::attention_backend(config, args.batch, args.prompt, args.prompt, true, attention_options)}};
+  std::printf("%-44s %s (0 math, 1 flash, 2 memory-efficient, 3 cuDNN)\n", "attention backends",
+              backends.dump().c_str());
 
   nlohmann::json record{{"benchmark", "greedy generate: decode speed against the bandwidth bound"},
                         {"machine", dapo::bench::machine()},
@@ -352,7 +364,8 @@ int run(const Args& args) {
                         {"weight_bytes", bytes.weight_bytes},
                         {"kv_bytes_per_decode_step", kv_bytes},
                         {"bandwidth_bound_ms_per_step", bound_ms},
-                        {"bound_over_measured", bound_ms / decode_ms}};
+                        {"bound_over_measured", bound_ms / decode_ms},
+                        {"attention_backends", backends}};
   record.update(dapo::bench::peak_memory_json(peak));
   std::vector<std::vector<int64_t>> tokens(static_cast<std::size_t>(timings.tokens.size(0)));
   for (int64_t b = 0; b < timings.tokens.size(0); ++b) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmarks: builds them (Release) and runs the ones named (default: all) — loss, logprob, tokenizer, model, step,
-# python (torch.ops.dapo from Debian's python3-torch against PyTorch ops: benchmarks/python_ops_bench.py).
+# ops (operators per decode step and training forward: benchmarks/ops_bench.cpp), python (torch.ops.dapo from Debian's
+# python3-torch against PyTorch ops: benchmarks/python_ops_bench.py).
 # Every benchmark checks its result against a reference before timing. Prints tables and writes JSON to
 # ${DAPO_BUILD_DIR:-build}/bench-results/. DAPO_NATIVE=ON compiles them for this CPU (-march=native).
 # The model benchmark writes a random 2 GB Qwen2.5-0.5B-shaped checkpoint to /tmp once and takes a few minutes.
@@ -9,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir=${DAPO_BUILD_DIR:-build}
 shared=${DAPO_SHARED_DIR:-../shared}
 benchmarks=("$@")
-((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model step python)
+((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model step ops python)
 targets=()
 for name in "${benchmarks[@]}"; do
   if [[ $name == python ]]; then targets+=(dapo_torch_ops); else targets+=("${name}_bench"); fi
@@ -32,10 +33,13 @@ for name in "${benchmarks[@]}"; do
         --json "$results/step_bench.json" ;;
     python)  # Debian's python3, whose torch is the LibTorch the ops link
       PYTHONPATH="$build_dir/python" /usr/bin/python3 benchmarks/python_ops_bench.py | tee "$results/python_ops_bench.md" ;;
+    ops)  # operators per decode step and per training forward at Qwen2.5-1.5B's layer graph, float32 and bfloat16
+      "$build_dir/benchmarks/ops_bench" --autocast none --json "$results/ops_bench_float32.json"
+      "$build_dir/benchmarks/ops_bench" --json "$results/ops_bench_bfloat16.json" ;;
     loss | logprob | model)
       "$build_dir/benchmarks/${name}_bench" --json "$results/${name}_bench.json" ;;
     *)
-      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer, model, step or python)" >&2
+      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer, model, step, ops or python)" >&2
       exit 2 ;;
   esac
 done

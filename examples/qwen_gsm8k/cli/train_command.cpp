@@ -217,6 +217,11 @@ int run_memory_plan_command(const TrainCommand& command, std::ostream& out) {
 
 namespace {
 
+// What the forward computes in: autocast's dtype, or the weights'.
+torch::ScalarType options_dtype(const TrainOptions& options, torch::ScalarType weights) {
+  return options.autocast.value_or(weights);
+}
+
 // On CUDA, before any weight is loaded: the plan's peak against the GPU's free memory, with a margin for what the
 // caching allocator reserves beyond its tensors. Refuses with the plan and the settings that would fit.
 void check_memory_plan(const TrainCommand& command, torch::Device device) {
@@ -256,6 +261,17 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
   const auto communicator = Communicator::create(distributed, device);
   const auto dtype = command.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
   check_memory_plan(command, device);
+  if (device.is_cuda() &&
+      !command.model_dir
+           .empty()) {  // which attention kernel the layers' calls take here (the math fallback would be slow)
+    const Config config = Config::from_file(std::filesystem::path(command.model_dir) / "config.json");
+    const auto tensors = torch::TensorOptions().device(device).dtype(options_dtype(options, dtype));
+    std::printf(
+        "attention on %s: scaled_dot_product_attention backend %lld for the training forward, %lld for "
+        "decoding (0 math, 1 flash, 2 memory-efficient, 3 cuDNN)\n",
+        device.str().c_str(), static_cast<long long>(attention_backend(config, 8, 512, 512, /*masked=*/false, tensors)),
+        static_cast<long long>(attention_backend(config, 64, 1, 512, /*masked=*/true, tensors)));
+  }
   // Before anything slow: a model whose chat template is not the built-in ChatML renderer's would train on prompts
   // in a format it never saw.
   if (command.chat_template == "check") check_chat_template(command.model_dir);

@@ -37,12 +37,16 @@ std::pair<torch::Tensor, torch::Tensor> SlotCache::update(int64_t layer, const t
                                                           const torch::Tensor& values) {
   using torch::indexing::Slice;
   const auto index = static_cast<std::size_t>(layer);
-  torch::Tensor layer_keys = keys_.at(index).narrow(0, 0, rows_);
-  torch::Tensor layer_values = values_.at(index).narrow(0, 0, rows_);
+  torch::Tensor& layer_keys = keys_.at(index);
+  torch::Tensor& layer_values = values_.at(index);
   // Row r's new position goes to [r, :, positions[r], :]: one indexed write per buffer for the whole step.
   layer_keys.index_put_({row_index_, Slice(), positions_}, keys.squeeze(2));
   layer_values.index_put_({row_index_, Slice(), positions_}, values.squeeze(2));
-  return {layer_keys.narrow(2, 0, window_), layer_values.narrow(2, 0, window_)};
+  // Rows [0, R), positions [0, W) of the contiguous buffers as one view each (one operator, not two narrows).
+  const auto window = [&](const torch::Tensor& buffer) {
+    return buffer.as_strided({rows_, buffer.size(1), window_, buffer.size(3)}, buffer.strides());
+  };
+  return {window(layer_keys), window(layer_values)};
 }
 
 void SlotCache::fill(const torch::Tensor& slots, const std::vector<torch::Tensor>& keys,

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/types.h>
 #include <torch/version.h>
 
 #include <optional>
+#include <unordered_map>
+#include <utility>
 
 namespace qwen {
 
@@ -50,6 +53,47 @@ inline std::optional<torch::ScalarType> active_autocast_dtype(torch::Device devi
   return autocast_state::get_dtype(device.type());
 }
 
+namespace autocast_state {
+// Casts of weights made inside the outermost AutocastGuard, kept until it ends: ATen's autocast keeps its casts of
+// parameters the same way, but only where it caches (LibTorch 1.x's CPU autocast does not) and never for a weight
+// read through a view or a fused block. Keyed by the tensor; the memory it read is checked too.
+struct WeightCast {
+  torch::Tensor source, cast;  // source held so that no other tensor takes its key while cached
+  const void* data = nullptr;
+};
+inline std::unordered_map<const c10::TensorImpl*, WeightCast>& weight_casts() {
+  thread_local std::unordered_map<const c10::TensorImpl*, WeightCast> casts;
+  return casts;
+}
+inline int& guards() {  // AutocastGuards alive on this thread
+  thread_local int depth = 0;
+  return depth;
+}
+}  // namespace autocast_state
+
+// A weight as a matrix product under autocast should read it: without gradients, inside an AutocastGuard that turned
+// autocast on for the weight's device, a float32 weight's copy in autocast's dtype, made once per outermost guard (one
+// cast per generation, not one per decode step); otherwise the weight itself, for autocast to cast as it does (with
+// gradients the cast belongs in the graph).
+inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
+  if (!weight.defined() || autocast_state::guards() == 0 || torch::GradMode::is_enabled() ||
+      weight.scalar_type() != torch::kFloat32) {
+    return weight;
+  }
+  const torch::Device device = weight.device();
+  if (!(device.is_cpu() || device.is_cuda()) || !autocast_state::enabled(device.type())) return weight;
+  const torch::ScalarType dtype = autocast_state::get_dtype(device.type());
+  if (dtype == torch::kFloat32) return weight;
+  auto& casts = autocast_state::weight_casts();
+  const auto found = casts.find(weight.unsafeGetTensorImpl());
+  if (found != casts.end() && found->second.data == weight.data_ptr() && found->second.cast.scalar_type() == dtype) {
+    return found->second.cast;
+  }
+  torch::Tensor cast = weight.to(dtype);
+  casts[weight.unsafeGetTensorImpl()] = {weight, cast, weight.data_ptr()};
+  return cast;
+}
+
 class AutocastGuard {
  public:
   // dtype empty: no change (a no-op guard). Devices other than CPU and CUDA: no change.
@@ -61,10 +105,14 @@ class AutocastGuard {
     previous_dtype_ = autocast_state::get_dtype(type_);
     autocast_state::set(type_, true, *dtype);
     at::autocast::increment_nesting();
+    ++autocast_state::guards();
   }
   ~AutocastGuard() {
     if (!active_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();  // casts of weights cached in the region
+    if (--autocast_state::guards() == 0) autocast_state::weight_casts().clear();
+    if (at::autocast::decrement_nesting() == 0) {  // casts of weights cached in the region
+      at::autocast::clear_cache();
+    }
     autocast_state::set(type_, previous_enabled_, previous_dtype_);
   }
   AutocastGuard(const AutocastGuard&) = delete;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/batched_matmul.hpp"
 #include "qwen_gsm8k/model/gradient_checkpointing.hpp"
 
@@ -17,10 +18,19 @@ RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // One operator (a fused kernel where LibTorch has one): the same formula, normalised in float32 and cast back
+  // before the weight's product, as Hugging Face's Qwen2RMSNorm.
+  return at::rms_norm(x, {x.size(-1)}, weight, eps_);
+#else
+  // The casts only where they change something (the residual stream is float32 under autocast too): a no-op to() is
+  // still an operator call.
   const auto input_dtype = x.scalar_type();
-  const torch::Tensor h = x.to(torch::kFloat32);
+  const bool cast = input_dtype != torch::kFloat32;
+  const torch::Tensor h = cast ? x.to(torch::kFloat32) : x;
   const torch::Tensor normed = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight * normed.to(input_dtype);
+  return weight * (cast ? normed.to(input_dtype) : normed);
+#endif
 }
 
 RotaryEmbeddingImpl::RotaryEmbeddingImpl(int64_t head_dim, double theta) {
@@ -48,13 +58,78 @@ void RotaryEmbeddingImpl::to(torch::Device device, bool non_blocking) {
 
 namespace {
 
-torch::Tensor rotate_half(const torch::Tensor& x) {  // [..., D]: (x1, x2) -> (-x2, x1)
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+// Scaled dot-product attention's own kernels: on CUDA, and on the CPU from LibTorch 2.14 (model.hpp).
+bool sdpa_on(const torch::Device& device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return uses_sdpa_on_cpu() || !device.is_cpu();
+#else
+  (void)device;
+  return false;
+#endif
 }
 
-torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  return x * cos + rotate_half(x) * sin;  // x [B, N, T, D]; cos, sin [B, 1, T, D]
+// rotate_half(x) * sin as swap_halves(x) * sin', with sin' = (-sin1, sin2): the same products (a negation is exact),
+// one roll instead of two slices, a negation and a concatenation per call. x [B, heads, T, D]; cos, sin [B, 1, T, D].
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& signed_sin) {
+  return x * cos + x.roll(x.size(-1) / 2, -1) * signed_sin;  // roll by half a head: (x2, x1)
+}
+
+#if TORCH_VERSION_MAJOR >= 2
+// One scaled_dot_product_attention call as a layer makes it, so that attention_backend asks about the very call.
+struct SdpaCall {
+  torch::Tensor query, key, value, mask;
+  bool causal = false, gqa = false;
+};
+
+// query [B, N, T, D]; key, value [B, KV, S, D]; mask as AttentionInputs (undefined: causal).
+SdpaCall sdpa_call(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                   const torch::Tensor& mask, int64_t kv_heads) {
+  const int64_t groups = query.size(1) / kv_heads;
+  if (!mask.defined()) {
+    // Causal and no mask: FlashAttention's case on CUDA (and the CPU's flash kernel), grouped heads read in place.
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
+    return {query, key, value, {}, true, groups > 1};
+#else
+    return {query, repeat_kv(key, groups), repeat_kv(value, groups), {}, true, false};
+#endif
+  }
+  // A mask (padding, or each decode row's own length): the query heads of a key/value head folded into the query
+  // axis, [B, KV, G x T, D] against the shared [B, KV, S, D]: equal head counts, which every backend that takes a
+  // mask accepts (the memory-efficient one on CUDA), no copy of K/V per group, no GQA support needed.
+  return {
+      query.reshape({query.size(0), kv_heads, groups * query.size(2), query.size(3)}), key, value, mask, false, false};
+}
+
+// The mask as SDPA takes it: no value at all for a causal call (an undefined tensor counts as a mask).
+std::optional<torch::Tensor> sdpa_mask(const SdpaCall& call) {
+  return call.mask.defined() ? std::optional<torch::Tensor>(call.mask) : std::nullopt;
+}
+
+torch::Tensor run_sdpa(const SdpaCall& call) {
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
+  return at::scaled_dot_product_attention(call.query, call.key, call.value, sdpa_mask(call), 0.0, call.causal,
+                                          std::nullopt, call.gqa);
+#else
+  return at::scaled_dot_product_attention(call.query, call.key, call.value, sdpa_mask(call), 0.0, call.causal);
+#endif
+}
+
+int64_t sdpa_choice(const SdpaCall& call) {
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
+  return at::_fused_sdp_choice(call.query, call.key, call.value, sdpa_mask(call), 0.0, call.causal, std::nullopt,
+                               call.gqa);
+#else
+  return at::_fused_sdp_choice(call.query, call.key, call.value, sdpa_mask(call), 0.0, call.causal);
+#endif
+}
+#endif
+
+AttentionInputs attention_inputs(const torch::Tensor& mask, const torch::Tensor& cos, const torch::Tensor& sin,
+                                 torch::ScalarType dtype, int64_t groups, int64_t positions);
+
+// layer(x), reading the weight as autocast_weight gives it (no cast per decode step); the bias as it is.
+torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return torch::nn::functional::linear(x, autocast_weight(layer->weight), layer->bias);
 }
 
 }  // namespace
@@ -70,53 +145,45 @@ AttentionImpl::AttentionImpl(const Config& config)
       register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, kv_heads_ * head_dim_).bias(true)));
   o_proj =
       register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads_ * head_dim_, hidden).bias(false)));
+  qkv_ = FusedLinears({q_proj, k_proj, v_proj});
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                                     const torch::Tensor& mask, AttentionCache* cache, int64_t layer) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache,
+                                     int64_t layer) {
   const int64_t batch = hidden.size(0), positions = hidden.size(1);
-  torch::Tensor query = q_proj(hidden).view({batch, positions, heads_, head_dim_}).transpose(1, 2);   // [B, N, T, D]
-  torch::Tensor key = k_proj(hidden).view({batch, positions, kv_heads_, head_dim_}).transpose(1, 2);  // [B, KV, T, D]
-  torch::Tensor value = v_proj(hidden).view({batch, positions, kv_heads_, head_dim_}).transpose(1, 2);
-  const torch::Tensor cos_h = cos.unsqueeze(1).to(query.scalar_type()),
-                      sin_h = sin.unsqueeze(1).to(query.scalar_type());
-  query = apply_rotary(query, cos_h, sin_h);
-  key = apply_rotary(key, cos_h, sin_h);
+  // One product for q, k and v: [B, T, (N + 2 KV) D] -> heads [B, N + 2 KV, T, D] (a view).
+  const torch::Tensor qkv =
+      qkv_.forward(hidden).view({batch, positions, heads_ + 2 * kv_heads_, head_dim_}).transpose(1, 2);
+  // RoPE on the query and key heads together, then the three as views (a split is one operator, a narrow each).
+  const std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({heads_ + kv_heads_, kv_heads_}, 1);
+  const std::vector<torch::Tensor> q_k =
+      apply_rotary(qk_v[0], inputs.cos, inputs.sin).split_with_sizes({heads_, kv_heads_}, 1);
+  const torch::Tensor& query = q_k[0];  // [B, N, T, D]
+  torch::Tensor key = q_k[1];           // [B, KV, T, D]
+  torch::Tensor value = qk_v[1];
   if (cache != nullptr) std::tie(key, value) = cache->update(layer, key, value);  // [B, KV, S, D]
 
-  // On CUDA, and on CPU from LibTorch 2.14, scaled_dot_product_attention. On CPU before that, the eager products:
-  // measured on 2 cores (docs/benchmarks.md), LibTorch 2.6's SDPA takes twice the eager path's time in a decode step,
-  // 2.14's is faster than it. The eager path is LibTorch 1.x's only one.
-  torch::Tensor attended;
+  torch::Tensor attended;  // [B, T, N D]
 #if TORCH_VERSION_MAJOR >= 2
-  constexpr bool kSdpaOnCpu = uses_sdpa_on_cpu();
-  if (kSdpaOnCpu || !query.device().is_cpu()) {
-    // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
-    const double lowest = query.scalar_type() == torch::kBFloat16 ? -3.38e38
-                          : query.scalar_type() == torch::kHalf
-                              ? -65504.0
-                              : static_cast<double>(std::numeric_limits<float>::lowest());
-    const torch::Tensor attention_mask = mask.clamp_min(lowest).to(query.scalar_type());
-#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
-    // Grouped-query attention inside SDPA: the backends that support it read the shared K/V heads in place, the
-    // others expand them themselves; no copy of the whole cache per decode step here.
-    attended = at::scaled_dot_product_attention(query, key, value, attention_mask, 0.0, false, std::nullopt,
-                                                /*enable_gqa=*/heads_ != kv_heads_);
-#else
-    attended = at::scaled_dot_product_attention(query, repeat_kv(key, heads_ / kv_heads_),
-                                                repeat_kv(value, heads_ / kv_heads_), attention_mask);
-#endif
-    return o_proj(attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
+  if (sdpa_on(query.device())) {
+    attended = run_sdpa(sdpa_call(query, key, value, inputs.mask, kv_heads_));
+    // [B, N, T, D] (causal) or [B, KV, G T, D] (folded): the same order of heads, query head h = kv G + g. One
+    // position (decode): that is already [B, 1, N D].
+    if (positions == 1) return project(o_proj, attended.reshape({batch, 1, heads_ * head_dim_}));
+    attended = attended.reshape({batch, heads_, positions, head_dim_});
+    return project(o_proj, attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
   }
 #endif
-  // Eager attention: scores in the weights' dtype, mask and softmax in float32 (modeling_qwen2's eager path). The
-  // products are torch::matmul's with repeat_kv's heads, bit for bit, without LibTorch 1.x's per-matrix overhead
-  // and, in generation, without copying the cache's heads (batched_matmul.hpp).
+  // Eager attention (LibTorch 1.x's only one, and the CPU's before 2.14: measured on 2 cores, docs/benchmarks.md,
+  // LibTorch 2.6's SDPA takes twice the eager path's time in a decode step): scores in the weights' dtype, mask and
+  // softmax in float32 (modeling_qwen2's eager path). The products are torch::matmul's with repeat_kv's heads, bit
+  // for bit, without LibTorch 1.x's per-matrix overhead and, in generation, without copying the cache's heads
+  // (batched_matmul.hpp).
   const torch::Tensor scores =
       grouped_matmul(query, key, /*transpose_shared=*/true) / std::sqrt(static_cast<double>(head_dim_));
-  const torch::Tensor weights = torch::softmax(scores.to(torch::kFloat32) + mask, -1).to(query.scalar_type());
+  const torch::Tensor weights = torch::softmax(scores.to(torch::kFloat32) + inputs.mask, -1).to(query.scalar_type());
   attended = grouped_matmul(weights, value, /*transpose_shared=*/false);  // [B, N, T, D]
-  return o_proj(attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
+  return project(o_proj, attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
 }
 
 MLPImpl::MLPImpl(const Config& config) {
@@ -126,10 +193,12 @@ MLPImpl::MLPImpl(const Config& config) {
   gate_proj = register_module("gate_proj", linear(config.hidden_size, config.intermediate_size));
   up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
   down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
+  gate_up_ = FusedLinears({gate_proj, up_proj});
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  const std::vector<torch::Tensor> gate_up = gate_up_.forward(x).chunk(2, -1);  // [..., I] each
+  return project(down_proj, torch::silu(gate_up[0]) * gate_up[1]);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const Config& config) {
@@ -140,9 +209,9 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& config) {
       register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
 }
 
-torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                                        const torch::Tensor& mask, AttentionCache* cache, int64_t layer) {
-  const torch::Tensor attended = hidden + self_attn(input_layernorm(hidden), cos, sin, mask, cache, layer);
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& hidden, const AttentionInputs& inputs,
+                                        AttentionCache* cache, int64_t layer) {
+  const torch::Tensor attended = hidden + self_attn(input_layernorm(hidden), inputs, cache, layer);
   return attended + mlp(post_attention_layernorm(attended));
 }
 
@@ -178,27 +247,101 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
   return hidden;
 }
 
+namespace {
+
+// cos, sin and the mask as every layer reads them (AttentionInputs), made once per forward. `dtype`: what the
+// projections compute in (autocast's dtype where it is on, else the weights').
+AttentionInputs attention_inputs(const torch::Tensor& mask, const torch::Tensor& cos, const torch::Tensor& sin,
+                                 torch::ScalarType dtype, int64_t groups, int64_t positions) {
+  AttentionInputs inputs;
+  const int64_t half = sin.size(-1) / 2;
+  inputs.cos = cos.unsqueeze(1).to(dtype);
+  inputs.sin = torch::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1).unsqueeze(1).to(dtype);
+  const auto device = cos.device();
+  if (sdpa_on(device)) {
+    if (!mask.defined()) return inputs;  // is_causal
+    // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
+    const double lowest = dtype == torch::kBFloat16 ? -3.38e38
+                          : dtype == torch::kHalf   ? -65504.0
+                                                    : static_cast<double>(std::numeric_limits<float>::lowest());
+    inputs.mask = mask.clamp_min(lowest).to(dtype);
+    // Folded query heads (AttentionImpl): row g T + t of a key/value head is query head g's position t.
+    if (groups > 1 && positions > 1) inputs.mask = inputs.mask.repeat({1, 1, groups, 1});
+    return inputs;
+  }
+  if (mask.defined()) {
+    inputs.mask = mask;
+  } else {  // causal: query t sees keys s <= t; one [1, 1, T, T] for every row
+    inputs.mask = torch::full({positions, positions}, std::numeric_limits<float>::lowest(),
+                              torch::TensorOptions().device(device).dtype(torch::kFloat32))
+                      .triu(1)
+                      .view({1, 1, positions, positions});
+  }
+  return inputs;
+}
+
+}  // namespace
+
 torch::Tensor Qwen2ModelImpl::forward_with_mask(const torch::Tensor& input_ids, const torch::Tensor& mask,
                                                 const torch::Tensor& position_ids, AttentionCache* cache) {
   TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids has shape ", position_ids.sizes(),
               " but input_ids has ", input_ids.sizes());
-  TORCH_CHECK(mask.dim() == 4 && mask.size(0) == input_ids.size(0) && mask.size(2) == input_ids.size(1),
-              "mask has shape ", mask.sizes(), ", expected [B, 1, T, S] for input_ids ", input_ids.sizes());
+  TORCH_CHECK(
+      !mask.defined() || (mask.dim() == 4 && mask.size(0) == input_ids.size(0) && mask.size(2) == input_ids.size(1)),
+      "mask has shape ", mask.sizes(), ", expected [B, 1, T, S] for input_ids ", input_ids.sizes());
+  TORCH_CHECK(mask.defined() || cache == nullptr, "forward_with_mask: causal attention without a mask takes no cache");
   torch::Tensor hidden = embed_tokens(input_ids);
   const auto [cos, sin] = rotary_emb(position_ids);
+  const torch::ScalarType dtype = active_autocast_dtype(hidden.device()).value_or(hidden.scalar_type());
+  const AttentionInputs inputs = attention_inputs(
+      mask, cos, sin, dtype, config_.num_attention_heads / config_.num_key_value_heads, input_ids.size(1));
   const bool checkpoint = gradient_checkpointing_ && cache == nullptr && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     const std::shared_ptr<DecoderLayerImpl> layer = layers->ptr<DecoderLayerImpl>(static_cast<std::size_t>(i));
     if (checkpoint) {
-      const auto run = [layer, cos = cos, sin = sin, mask, i](const torch::Tensor& x) {
-        return layer->forward(x, cos, sin, mask, nullptr, i);
-      };
+      const auto run = [layer, inputs, i](const torch::Tensor& x) { return layer->forward(x, inputs, nullptr, i); };
       hidden = checkpointed(run, hidden, layer->parameters());
     } else {
-      hidden = layer->forward(hidden, cos, sin, mask, cache, i);
+      hidden = layer->forward(hidden, inputs, cache, i);
     }
   }
   return norm(hidden);
+}
+
+int64_t attention_backend(const Config& config, int64_t batch, int64_t positions, int64_t keys, bool masked,
+                          torch::TensorOptions options) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (!sdpa_on(options.device())) return -1;
+  const torch::NoGradGuard no_grad;
+  const int64_t heads = config.num_attention_heads, kv_heads = config.num_key_value_heads, dim = config.head_dim();
+  // The layer's tensors with their layouts: q and k slices of the rotated heads, v a slice of the q/k/v product,
+  // and with a mask, keys and values read from a cache of 2 S positions.
+  const torch::Tensor qkv = torch::zeros({batch, positions, heads + 2 * kv_heads, dim}, options).transpose(1, 2);
+  const torch::Tensor rotated = qkv.narrow(1, 0, heads + kv_heads).contiguous();
+  torch::Tensor key = rotated.narrow(1, heads, kv_heads), value = qkv.narrow(1, heads + kv_heads, kv_heads);
+  torch::Tensor mask;
+  const torch::Tensor angles = torch::zeros({batch, positions, dim}, options.dtype(torch::kFloat32));
+  if (masked) {
+    key = torch::zeros({batch, kv_heads, 2 * keys, dim}, options).narrow(2, 0, keys);
+    value = torch::zeros({batch, kv_heads, 2 * keys, dim}, options).narrow(2, 0, keys);
+    mask = torch::zeros({batch, 1, positions, keys}, options.dtype(torch::kFloat32));
+  }
+  const AttentionInputs inputs =
+      attention_inputs(mask, angles, angles, options.dtype().toScalarType(), heads / kv_heads, positions);
+  return sdpa_choice(sdpa_call(rotated.narrow(1, 0, heads), key, value, inputs.mask, kv_heads));
+#else
+  (void)config, (void)batch, (void)positions, (void)keys, (void)masked, (void)options;
+  return -1;
+#endif
+}
+
+bool right_padded(const torch::Tensor& attention_mask) {
+  TORCH_CHECK(attention_mask.dim() == 2, "right_padded: attention_mask has shape ", attention_mask.sizes(),
+              ", expected [B, S]");
+  if (attention_mask.size(1) < 2) return true;
+  const torch::Tensor mask = attention_mask.to(torch::kBool);
+  // No real token after padding: mask[:, s + 1] implies mask[:, s].
+  return !(mask.narrow(1, 1, mask.size(1) - 1) & ~mask.narrow(1, 0, mask.size(1) - 1)).any().item<bool>();
 }
 
 Qwen2ForCausalLMImpl::Qwen2ForCausalLMImpl(const Config& config) : config_(config) {
@@ -214,6 +357,14 @@ torch::Tensor Qwen2ForCausalLMImpl::hidden_states(const torch::Tensor& input_ids
   return model(input_ids, attention_mask, position_ids, cache);
 }
 
+torch::Tensor Qwen2ForCausalLMImpl::right_padded_hidden_states(const torch::Tensor& input_ids,
+                                                               const torch::Tensor& attention_mask,
+                                                               const torch::Tensor& position_ids) {
+  TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask has shape ", attention_mask.sizes(),
+              " but input_ids has ", input_ids.sizes());
+  return model->forward_with_mask(input_ids, torch::Tensor(), position_ids, nullptr);
+}
+
 torch::Tensor Qwen2ForCausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                             const torch::Tensor& position_ids, KVCache* cache) {
   return logits(hidden_states(input_ids, attention_mask, position_ids, cache));
@@ -225,7 +376,9 @@ torch::Tensor Qwen2ForCausalLMImpl::last_logits(const torch::Tensor& input_ids, 
 }
 
 torch::Tensor Qwen2ForCausalLMImpl::logits(const torch::Tensor& hidden) const {
-  return torch::matmul(hidden, lm_head_weight().t());
+  // The [V, H] matrix cast once per autocast region (autocast_weight), not at every decode step as autocast casts
+  // matmul's weight.t() (a view, which it never caches). linear is matmul with weight.t(): the same products.
+  return torch::nn::functional::linear(hidden, autocast_weight(lm_head_weight()));
 }
 
 torch::Tensor Qwen2ForCausalLMImpl::lm_head_weight() const {

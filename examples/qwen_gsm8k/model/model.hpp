@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "qwen_gsm8k/model/config.hpp"
+#include "qwen_gsm8k/model/fused_linear.hpp"
 #include "qwen_gsm8k/model/kv_cache.hpp"
 
 namespace qwen {
@@ -52,32 +53,46 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RotaryEmbedding);
 
+// What every layer's attention reads, prepared once per forward (not in each layer): RoPE's cos and sin in the
+// dtype the projections compute in, and the mask in the form the attention path takes.
+struct AttentionInputs {
+  torch::Tensor cos, sin;  // [B, 1, T, D]; sin's first half negated (rotate_half's sign, applied to sin once)
+  // The additive mask: [B, 1, T, S] float32 for the eager products; for scaled_dot_product_attention in the compute
+  // dtype, and [B, 1, G x T, S] when T > 1 (query heads folded: see AttentionImpl). Undefined: causal attention with
+  // no padding mask (is_causal), rows right-padded or unpadded, no cache.
+  torch::Tensor mask;
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const Config& config);
-  // hidden [B, T, H]; cos, sin [B, T, D]; additive mask [B, 1, T, S] in float32; cache may be null.
-  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, AttentionCache* cache, int64_t layer);
+  // hidden [B, T, H]; cache may be null.
+  torch::Tensor forward(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache,
+                        int64_t layer);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  FusedLinears qkv_;  // q_proj, k_proj, v_proj as one product
 };
 TORCH_MODULE(Attention);
 
 class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const Config& config);
-  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x)), gate and up as one product
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  FusedLinears gate_up_;
 };
 TORCH_MODULE(MLP);
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const Config& config);
-  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, AttentionCache* cache, int64_t layer);
+  torch::Tensor forward(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache,
+                        int64_t layer);
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -88,6 +103,10 @@ TORCH_MODULE(DecoderLayer);
 // at padded slots. attention_mask [B, S] (0/1) -> [B, S] int64.
 torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask);
 
+// Whether every row of attention_mask [B, S] (0/1) has its real tokens first: no 1 after a 0. Reads the values (a
+// device synchronisation off the CPU: pass the host copy where there is one).
+bool right_padded(const torch::Tensor& attention_mask);
+
 class Qwen2ModelImpl : public torch::nn::Module {
  public:
   explicit Qwen2ModelImpl(const Config& config);
@@ -97,7 +116,8 @@ class Qwen2ModelImpl : public torch::nn::Module {
                         const torch::Tensor& position_ids, KVCache* cache = nullptr);
   // The same with the additive mask [B, 1, T, S] given (float32: 0 where query t may see key s, the lowest float
   // where not) and any cache, which this call does not advance: the generation engine's slot cache, where every
-  // sequence has its own length.
+  // sequence has its own length. An undefined mask (no cache): causal attention alone, for rows whose real tokens
+  // come first (right padding): their outputs are those of the padding mask; padded positions compute garbage.
   torch::Tensor forward_with_mask(const torch::Tensor& input_ids, const torch::Tensor& mask,
                                   const torch::Tensor& position_ids, AttentionCache* cache);
   torch::nn::Embedding embed_tokens{nullptr};
@@ -115,6 +135,14 @@ class Qwen2ModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Qwen2Model);
 
+// The backend scaled_dot_product_attention picks for this model's attention call as a layer makes it
+// (at::_fused_sdp_choice: PyTorch's SDPBackend, 0 math, 1 flash, 2 memory-efficient, 3 cuDNN), or -1 where the layers
+// do not call it (LibTorch 1.x; the CPU before 2.14: eager products). masked false: the training forward's causal
+// call without a mask, B rows of T positions; true: a call with a mask (prefill, decode: T new positions of B rows
+// against S keys in a cache). Tensors of `options`' dtype and device.
+int64_t attention_backend(const Config& config, int64_t batch, int64_t positions, int64_t keys, bool masked,
+                          torch::TensorOptions options);
+
 class Qwen2ForCausalLMImpl : public torch::nn::Module {
  public:
   explicit Qwen2ForCausalLMImpl(const Config& config);
@@ -130,6 +158,12 @@ class Qwen2ForCausalLMImpl : public torch::nn::Module {
   // The last hidden states [B, T, H] (for chunked log-probs: dapo::linear_logprobs with lm_head_weight()).
   torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                               const torch::Tensor& position_ids, KVCache* cache = nullptr);
+  // The same for rows whose real tokens come first (right padding: see right_padded; the caller's promise): causal
+  // attention without a padding mask, which fused attention kernels take (FlashAttention takes no mask). Real
+  // positions get hidden_states(...)'s values (bit for bit on the eager path, within rounding through
+  // scaled_dot_product_attention); padded positions get garbage.
+  torch::Tensor right_padded_hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                           const torch::Tensor& position_ids);
   // Logits [..., V] of hidden states [..., H]: the lm-head product, the one place it is written.
   torch::Tensor logits(const torch::Tensor& hidden) const;
   // [V, H]: lm_head.weight, or the embedding matrix when the embeddings are tied.

@@ -113,7 +113,11 @@ torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& inpu
   torch::Tensor hidden;
   {
     const AutocastGuard autocast(device, options.autocast);
-    hidden = model->hidden_states(ids, mask, position_ids_from_mask(mask));  // [B, L, H]
+    // Training rows are prompt then response, padded on the right: causal attention needs no padding mask there,
+    // which lets a fused attention kernel take the forward (read from the host copy, no device synchronisation).
+    hidden = right_padded(attention_mask.cpu())
+                 ? model->right_padded_hidden_states(ids, mask, position_ids_from_mask(mask))  // [B, L, H]
+                 : model->hidden_states(ids, mask, position_ids_from_mask(mask));
   }
   const int64_t steps = ids.size(1) - 1;
   torch::Tensor selected = hidden.narrow(1, 0, steps).index({targets_mask});  // [N, H]

@@ -95,6 +95,8 @@ MemoryPlan plan_memory(const MemoryPlanInput& input) {
   plan.phases.push_back(phase("rollout", {{"KV cache", L * 2 * rows * KV * T * D * ab},
                                           {"prefill work (one layer)", prefill},
                                           {"lm-head cast (autocast)", autocast ? V * H * 2 : 0},
+                                          // held for the whole generation (autocast_weight: one cast each)
+                                          {"weight casts (autocast)", autocast ? L * params.layer_linear * 2 : 0},
                                           {"sampling buffers", sampling}}));
 
   // The micro-batches: this rank's share of a mini-batch, whole groups or a token budget; the worst case is rows of

@@ -1,0 +1,119 @@
+// One product for linear layers sharing an input (see the header).
+#include "qwen_gsm8k/model/fused_linear.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "dapo/detail/autograd_node.hpp"
+#include "qwen_gsm8k/model/autocast.hpp"
+
+namespace qwen {
+namespace {
+
+// The parameters' tensors in layer order: the weights, or the biases.
+std::vector<torch::Tensor> parts(const std::vector<torch::nn::Linear>& layers, bool biases) {
+  std::vector<torch::Tensor> out;
+  for (const auto& layer : layers) out.push_back(biases ? layer->bias : layer->weight);
+  return out;
+}
+
+// Whether each part is the next slice of `block` along its first axis.
+bool lies_in(const std::vector<torch::Tensor>& tensors, const torch::Tensor& block) {
+  if (!block.defined()) return false;
+  const auto* base = static_cast<const char*>(block.data_ptr());
+  int64_t offset = 0;
+  for (const auto& tensor : tensors) {
+    if (tensor.scalar_type() != block.scalar_type() || tensor.device() != block.device() || !tensor.is_contiguous() ||
+        tensor.data_ptr() != base + offset) {
+      return false;
+    }
+    offset += static_cast<int64_t>(tensor.nbytes());
+  }
+  return offset == static_cast<int64_t>(block.nbytes());
+}
+
+// The block as a new tensor over the same memory, with no autograd history (a fresh TensorImpl, not a view).
+torch::Tensor block_alias(const torch::Tensor& block) {
+  const torch::NoGradGuard no_grad;
+  return torch::empty({0}, block.options())
+      .set_(block.storage(), block.storage_offset(), block.sizes(), block.strides());
+}
+
+// d block -> the rows of each part. An autograd Node, as batched_matmul's (see there).
+struct JoinBackward : torch::autograd::Node {
+  std::vector<int64_t> rows;
+  std::string name() const override { return "qwen::FusedLinearsJoinBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list out(rows.size());
+    const torch::Tensor& grad = grads[0];
+    if (!grad.defined()) return out;
+    int64_t offset = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (should_compute_output(i)) out[i] = grad.narrow(0, offset, rows[i]);
+      offset += rows[i];
+    }
+    return out;
+  }
+};
+
+// The block, differentiable with respect to the parts that lie in it.
+torch::Tensor joined(const std::vector<torch::Tensor>& tensors, const torch::Tensor& block) {
+  torch::Tensor out = block_alias(block);
+  bool any = false;
+  for (const auto& tensor : tensors) any = any || tensor.requires_grad();
+  if (!torch::GradMode::is_enabled() || !any) return out;
+  const auto node = dapo::detail::make_autograd_node<JoinBackward>();
+  for (const auto& tensor : tensors) node->rows.push_back(tensor.size(0));
+  node->set_next_edges(torch::autograd::collect_next_edges(tensors));
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+}  // namespace
+
+FusedLinears::FusedLinears(std::vector<torch::nn::Linear> layers) : layers_(std::move(layers)) {
+  if (layers_.empty()) throw std::invalid_argument("FusedLinears: no layers");
+  const bool bias = static_cast<bool>(layers_.front()->bias.defined());
+  for (const auto& layer : layers_) {
+    if (layer->bias.defined() != bias) throw std::invalid_argument("FusedLinears: some layers have a bias, some not");
+  }
+}
+
+bool FusedLinears::fused() const {
+  return lies_in(parts(layers_, false), weight_) &&
+         (!layers_.front()->bias.defined() || lies_in(parts(layers_, true), bias_));
+}
+
+void FusedLinears::fuse() {
+  const torch::NoGradGuard no_grad;
+  for (const bool biases : {false, true}) {
+    if (biases && !layers_.front()->bias.defined()) break;
+    const std::vector<torch::Tensor> tensors = parts(layers_, biases);
+    const torch::Tensor block = torch::cat(tensors, 0);
+    int64_t offset = 0;
+    for (auto tensor : tensors) {  // each parameter becomes its slice of the block: same tensor, same values
+      const int64_t rows = tensor.size(0);
+      tensor.set_data(block.narrow(0, offset, rows));
+      offset += rows;
+    }
+    // A leaf that asks for gradients, so that autocast caches its cast (it never receives any: see the header).
+    (biases ? bias_ : weight_) = block_alias(block).requires_grad_(true);
+  }
+}
+
+torch::Tensor FusedLinears::forward(const torch::Tensor& x) {
+  if (!fused()) fuse();
+  const bool bias = layers_.front()->bias.defined();
+  if (!torch::GradMode::is_enabled()) {
+    // The bias as it is: autocast casts it as it would an unfused layer's (a cast of the bias beforehand rounds
+    // LibTorch 1.13's CPU bfloat16 products differently).
+    return torch::nn::functional::linear(x, autocast_weight(weight_), bias ? bias_ : torch::Tensor());
+  }
+  return torch::nn::functional::linear(x, joined(parts(layers_, false), weight_),
+                                       bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
+}
+
+}  // namespace qwen
