@@ -80,10 +80,9 @@ inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
       weight.scalar_type() != torch::kFloat32) {
     return weight;
   }
-  const torch::Device device = weight.device();
-  if (!(device.is_cpu() || device.is_cuda()) || !autocast_state::enabled(device.type())) return weight;
-  const torch::ScalarType dtype = autocast_state::get_dtype(device.type());
-  if (dtype == torch::kFloat32) return weight;
+  const std::optional<torch::ScalarType> active = active_autocast_dtype(weight.device());
+  if (!active || *active == torch::kFloat32) return weight;
+  const torch::ScalarType dtype = *active;
   auto& casts = autocast_state::weight_casts();
   const auto found = casts.find(weight.unsafeGetTensorImpl());
   if (found != casts.end() && found->second.data == weight.data_ptr() && found->second.cast.scalar_type() == dtype) {

@@ -99,7 +99,8 @@ void FusedLinears::fuse() {
       tensor.set_data(block.narrow(0, offset, rows));
       offset += rows;
     }
-    // A leaf that asks for gradients, so that autocast caches its cast (it never receives any: see the header).
+    // A leaf that asks for gradients (it never receives any: see the header), so that ATen's autocast caches its
+    // cast where it caches and no AutocastGuard's autocast_weight cast is at hand.
     (biases ? bias_ : weight_) = block_alias(block).requires_grad_(true);
   }
 }
