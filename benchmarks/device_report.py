@@ -108,6 +108,16 @@ def main(argv):
             add("generate", "attention backend: training (causal), decode, prefill",
                 ", ".join(names.get(backends.get(k), str(backends.get(k)))
                           for k in ("training_causal", "decode", "prefill")))
+        engine = ours.get("engine") or {}
+        eager, graphs = engine.get("eager") or {}, engine.get("cuda_graphs") or {}
+        if eager:
+            add("generate", "engine tokens/s: eager steps", number(eager.get("tokens_per_second")))
+        if graphs:
+            add("generate", "engine tokens/s: CUDA graphs (captures included)", number(graphs.get("tokens_per_second")),
+                "", ratio(graphs.get("tokens_per_second"), eager.get("tokens_per_second")))
+            add("generate", "engine CUDA graphs: captured, replayed, steps, rows identical to eager",
+                f'{graphs.get("graph_captures")}, {graphs.get("graph_replays")}, {graphs.get("decode_calls")}, '
+                f'{number(graphs.get("rows_identical_to_eager"), 2)}')
 
     for name, label in (("step_seed.json", "DAPO step, seed settings"), ("step_verl.json", "DAPO step, larger")):
         step = merged.get(name)

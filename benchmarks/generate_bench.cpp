@@ -1,7 +1,9 @@
 // Greedy decoding speed of qwen::generate (KV cache) on a random model of a named shape, against the memory-bandwidth
 // bound of a decode step: every step reads all weights and the KV cache once, so at batch B a step cannot take less
 // than (weight bytes + KV bytes) / bandwidth. EOS is ignored (no stop ids): every row decodes --new-tokens tokens.
-// Not a serving benchmark: one batch of prompts, EOS ignored. --decoding sample draws at temperature 1 (seed 0).
+// Not a serving benchmark: one batch of prompts, EOS ignored. --decoding sample draws at temperature 1 (seed 0). Then
+// the generation engine on the same prompts: its whole run with eager decode steps and, on CUDA, with each step a
+// CUDA-graph replay (captures included), and whether the graphs' tokens are the eager ones.
 // --model DIR loads a Hugging Face model directory instead of a shape's random weights, and --prompts FILE takes the
 // prompts from {"prompts": [[ids]]}: benchmarks/anchors_generate.py runs it so beside transformers' generate() on the
 // same weights and prompts, and compares the tokens (the JSON record holds them).
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/device.hpp"
@@ -237,6 +240,36 @@ Timings time_generate(qwen::Qwen2ForCausalLM& model, const Args& args) {
   return timings;
 }
 
+// The generation engine on the same prompts (one sequence each, every slot live, every row to --new-tokens, greedy
+// or sampled at temperature 1), with eager decode steps or CUDA-graph replays: per repeat a whole engine run, the
+// graphs' captures included (they live for one run, as in a rollout round); one warm-up run first.
+struct EngineTiming {
+  std::vector<double> run_ms;
+  qwen::EngineStats stats;
+  std::vector<std::vector<int64_t>> tokens;
+};
+
+EngineTiming time_engine(qwen::Qwen2ForCausalLM& model, const Args& args, bool cuda_graphs) {
+  const auto prompts = !args.prompts.empty()
+                           ? args.prompts
+                           : random_prompts(args.batch, args.prompt, model->config().vocab_size, kPromptSeed);
+  std::vector<qwen::EngineRequest> requests;
+  for (const auto& prompt : prompts) requests.push_back({.prompt = prompt, .n = 1});
+  qwen::EngineOptions options;
+  options.max_num_seqs = static_cast<int64_t>(requests.size());
+  options.max_new_tokens = args.new_tokens;
+  options.sampling.temperature = args.decoding == "sample" ? 1.0 : 0.0;
+  options.cuda_graphs = cuda_graphs;
+  EngineTiming timing;
+  std::vector<std::vector<qwen::EngineSequence>> out = qwen::generate_requests(model, requests, options);
+  for (int64_t r = 0; r < args.repeats; ++r) {
+    timing.run_ms.push_back(
+        timed_ms([&] { out = qwen::generate_requests(model, requests, options, &timing.stats); }, args.device));
+  }
+  for (const auto& sequences : out) timing.tokens.push_back(sequences.at(0).tokens);
+  return timing;
+}
+
 struct ModelBytes {
   int64_t parameters = 0, weight_bytes = 0;  // tied tensors once
 };
@@ -287,6 +320,9 @@ int run(const Args& args) {
   dapo::bench::reset_peak_memory(args.device);
   const Timings timings = time_generate(model, args);
   const auto peak = dapo::bench::peak_memory(args.device);
+  const EngineTiming engine_eager = time_engine(model, args, false);
+  std::optional<EngineTiming> engine_graphs;
+  if (args.device.is_cuda()) engine_graphs = time_engine(model, args, true);
 
   const double generate_ms = dapo::bench::median(timings.generate_ms);
   const double prefill_ms = dapo::bench::median(timings.prefill_ms);
@@ -319,6 +355,32 @@ int run(const Args& args) {
   row("bandwidth bound ms/step @ " + std::to_string(static_cast<int64_t>(args.bandwidth_gbs)) + " GB/s", 3, bound_ms);
   row("bound / measured", 3, bound_ms / decode_ms);
   std::printf("%-44s %s\n", "peak device memory", dapo::bench::peak_memory_text(peak, args.device).c_str());
+  const double useful_tokens = static_cast<double>(args.batch * args.new_tokens);
+  const double eager_ms = dapo::bench::median(engine_eager.run_ms);
+  row("engine, eager steps: tokens/s", 1, useful_tokens / (eager_ms / 1e3));
+  nlohmann::json engine_record{{"eager",
+                                {{"run_ms_by_repeat", engine_eager.run_ms},
+                                 {"tokens_per_second", useful_tokens / (eager_ms / 1e3)},
+                                 {"decode_calls", engine_eager.stats.decode_calls}}}};
+  if (engine_graphs) {
+    const double graphs_ms = dapo::bench::median(engine_graphs->run_ms);
+    int64_t identical = 0;
+    for (std::size_t b = 0; b < engine_graphs->tokens.size(); ++b) {
+      identical += engine_graphs->tokens[b] == engine_eager.tokens.at(b) ? 1 : 0;
+    }
+    const double identical_fraction = static_cast<double>(identical) / static_cast<double>(args.batch);
+    row("engine, CUDA graphs: tokens/s", 1, useful_tokens / (graphs_ms / 1e3));
+    row("engine, CUDA graphs over eager (speed)", 3, eager_ms / graphs_ms);
+    std::printf("%-44s %lld captured, %lld replayed of %lld steps; %.0f%% of rows identical to eager\n",
+                "engine, CUDA graphs", static_cast<long long>(engine_graphs->stats.graph_captures),
+                static_cast<long long>(engine_graphs->stats.graph_replays),
+                static_cast<long long>(engine_graphs->stats.decode_calls), 100 * identical_fraction);
+    engine_record["cuda_graphs"] = {
+        {"run_ms_by_repeat", engine_graphs->run_ms},           {"tokens_per_second", useful_tokens / (graphs_ms / 1e3)},
+        {"decode_calls", engine_graphs->stats.decode_calls},   {"graph_captures", engine_graphs->stats.graph_captures},
+        {"graph_replays", engine_graphs->stats.graph_replays}, {"rows_identical_to_eager", identical_fraction}};
+    engine_record["graphs_over_eager"] = eager_ms / graphs_ms;
+  }
   // The backend scaled_dot_product_attention takes for the layers' calls on this device (-1: the eager products):
   // the training forward's causal call (rows of the prompt + new tokens), a decode step's and a prefill's.
   const auto attention_options =
@@ -365,7 +427,8 @@ int run(const Args& args) {
                         {"kv_bytes_per_decode_step", kv_bytes},
                         {"bandwidth_bound_ms_per_step", bound_ms},
                         {"bound_over_measured", bound_ms / decode_ms},
-                        {"attention_backends", backends}};
+                        {"attention_backends", backends},
+                        {"engine", engine_record}};
   record.update(dapo::bench::peak_memory_json(peak));
   std::vector<std::vector<int64_t>> tokens(static_cast<std::size_t>(timings.tokens.size(0)));
   for (int64_t b = 0; b < timings.tokens.size(0); ++b) {

@@ -116,7 +116,10 @@ TEST_CASE("cli: --help shows the default of every option that has one") {
   CHECK(train.command.app->get_option("--loss-agg-mode")->get_default_str() == "token-mean");
   CHECK(train.command.app->get_option("--max-shard-size")->get_default_str() == "5GB");
   CHECK(train.command.app->get_option("--logger")->get_default_str() == "console,jsonl,tensorboard");
-  CHECK(demo.command.app->get_option("--steps")->get_default_str() == "40");
+  CHECK(demo.command.app->get_option("--steps")->get_default_str() == "60");
+  CHECK(demo.command.app->get_option("--warmup-steps")->get_default_str() == "16");
+  CHECK(train.command.app->get_option("--warmup-steps")->get_default_str() == "0");
+  CHECK(train.command.app->get_option("--cuda-graphs")->get_default_str() == "true");
   CHECK(demo.command.app->get_option("--lr")->get_default_str() == "6e-04");
   CHECK(demo.command.app->get_option("--device")->get_default_str() == "cpu");
   CHECK(demo.command.app->get_option("--cosine")->get_default_str() == "true");

@@ -1,6 +1,7 @@
 // The driver on CUDA, for a machine with a GPU: the fused loss kernel registered in a program that links dapo::torch
 // exactly when dapo was built with CUDA (checked everywhere); the demo model's logits and greedy continuations on CUDA
-// against the CPU, a trainer step and a short demo run on CUDA (skipped with a message without a GPU); --device errors.
+// against the CPU, the engine's decode steps replayed as CUDA graphs against eager ones, a trainer step and a short
+// demo run on CUDA (skipped with a message without a GPU); --device errors.
 //
 // Shapes: L = prompt + continuation tokens, V = vocabulary (259, the byte-level tokenizer's).
 #include <torch/cuda.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,9 @@
 #include "qwen_gsm8k/common/json_lines.hpp"
 #include "qwen_gsm8k/demo/demo.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/engine/decode_graphs.hpp"
+#include "qwen_gsm8k/engine/engine.hpp"
+#include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
@@ -153,6 +158,51 @@ TEST_CASE("CUDA: the demo model gives the CPU's logits and greedy continuations 
       CHECK(on_cuda == on_cpu);
     } else {
       MESSAGE("a near tie (top-2 logit gap " << gap << "): the continuations are not compared for this prompt");
+    }
+  }
+}
+
+TEST_CASE("CUDA: decode steps replayed as CUDA graphs give the eager steps' sequences") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the CUDA-graph decode check is skipped");
+    return;
+  }
+  CHECK(qwen::DecodeGraphs::compiled());  // a program that reaches a GPU was built against CUDA LibTorch
+  auto model = seeded_demo_model(torch::Device(torch::kCUDA, 0));
+  const auto tokenizer = demo_tokenizer();
+  std::vector<qwen::EngineRequest> requests;
+  for (const auto& problem : qwen::make_demo_problems({.test_count = 3}).test) {
+    requests.push_back({.prompt = qwen::prompt_ids(tokenizer, "Answer.", problem.question), .n = 4});
+  }
+  qwen::EngineOptions options;
+  options.max_new_tokens = 24;
+  options.sampling.temperature = 0.0;
+  options.return_logprobs = true;
+  options.max_num_seqs = 6;  // 12 sequences through 6 slots: live rows 6, 5, 3, ... rounded up with padding
+  options.check_every = 4;
+  options.oracle_length = [](int64_t request, int64_t sample) { return 4 + (request * 7 + sample * 5) % 21; };
+  for (const bool bfloat16 : {false, true}) {
+    CAPTURE(bfloat16);
+    const qwen::AutocastGuard autocast(torch::Device(torch::kCUDA, 0),
+                                       bfloat16 ? std::optional(torch::kBFloat16) : std::nullopt);
+    options.cuda_graphs = false;
+    options.graph_shapes = true;  // the eager steps at the shapes the graphs replay
+    qwen::EngineStats eager_stats, graph_stats;
+    const auto eager = qwen::generate_requests(model, requests, options, &eager_stats);
+    options.cuda_graphs = true;
+    options.graph_shapes = false;
+    const auto graphs = qwen::generate_requests(model, requests, options, &graph_stats);
+    CHECK(eager_stats.graph_replays == 0);
+    CHECK(graph_stats.graph_captures > 0);
+    CHECK(graph_stats.graph_replays > 0);
+    // Each shape ran eagerly once before its capture; every other step was a replay.
+    CHECK(graph_stats.decode_calls - graph_stats.graph_replays >= graph_stats.graph_captures);
+    CHECK(graph_stats.rows_computed == eager_stats.rows_computed);
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      for (std::size_t i = 0; i < 4; ++i) {
+        CHECK(graphs[r][i].tokens == eager[r][i].tokens);
+        CHECK(torch::allclose(torch::tensor(graphs[r][i].logprobs), torch::tensor(eager[r][i].logprobs), 1e-4, 1e-4));
+      }
     }
   }
 }

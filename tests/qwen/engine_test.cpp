@@ -5,10 +5,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "qwen_gsm8k/engine/decode_graphs.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/engine/group_stream.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
@@ -221,6 +223,69 @@ TEST_CASE("engine: counts: prefill rows per prompt, decode rows within the check
   }
   CHECK(batches.prefill_rows == 20);
   CHECK(batches.rows_computed > continuous.rows_computed);
+}
+
+TEST_CASE("engine: at the CUDA graphs' shapes (rows and window rounded up, padding rows) the sequences are the same") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir);
+  const auto reqs = requests(3);  // 15 sequences
+  qwen::EngineOptions options;
+  options.max_new_tokens = 12;
+  options.sampling.temperature = 0.0;
+  options.return_logprobs = true;
+  options.stop_ids = {row_of(greedy_reference(model, reqs, options).tokens, 0, 3)[2]};
+  CHECK_FALSE(qwen::DecodeGraphs(torch::kCPU, true).active());  // graphs are CUDA's; here only the shapes
+  bool padded = false;
+  for (const int64_t pool : {5, 6}) {
+    // Checks every step, and fewer than the budget allows (the padding rows then run the longest between resets).
+    for (const int64_t check_every : {1, 16}) {
+      CAPTURE(pool);
+      CAPTURE(check_every);
+      options.max_num_seqs = pool;
+      options.check_every = check_every;
+      options.graph_shapes = false;
+      qwen::EngineStats exact_stats, rounded_stats;
+      const auto exact = qwen::generate_requests(model, reqs, options, &exact_stats);
+      options.graph_shapes = true;
+      const auto rounded = qwen::generate_requests(model, reqs, options, &rounded_stats);
+      for (std::size_t r = 0; r < reqs.size(); ++r) {
+        for (std::size_t i = 0; i < 3; ++i) {
+          CHECK(rounded[r][i].tokens == exact[r][i].tokens);
+          CHECK(rounded[r][i].finish_reason == exact[r][i].finish_reason);
+          // The same rows through products of other shapes: float32 rounding apart.
+          CHECK(
+              torch::allclose(torch::tensor(rounded[r][i].logprobs), torch::tensor(exact[r][i].logprobs), 1e-4, 1e-4));
+        }
+      }
+      CHECK(rounded_stats.decode_calls == exact_stats.decode_calls);
+      CHECK(rounded_stats.rows_computed >= exact_stats.rows_computed);
+      padded = padded || rounded_stats.rows_computed > exact_stats.rows_computed;
+      CHECK(rounded_stats.graph_captures == 0);
+      CHECK(rounded_stats.graph_replays == 0);
+    }
+  }
+  CHECK(padded);  // 5 and 3 live rows of 6 slots round up to 6 and 4
+
+  // Sampling with the repetition penalty and forced stops: the padding rows write the penalty's and the draws' state
+  // of free slots too; every sequence still ends where its stop says.
+  options.sampling = {.temperature = 1.0, .top_k = 20, .repetition_penalty = 1.2};
+  options.max_num_seqs = 6;
+  options.check_every = 16;
+  options.oracle_length = [](int64_t request, int64_t sample) { return 1 + (request * 5 + sample * 7) % 12; };
+  qwen::EngineStats stats;
+  const auto sampled = qwen::generate_requests(model, reqs, options, &stats);
+  for (std::size_t r = 0; r < reqs.size(); ++r) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto& sequence = sampled[r][i];
+      const auto oracle =
+          static_cast<std::size_t>(options.oracle_length(static_cast<int64_t>(r), static_cast<int64_t>(i)));
+      CHECK(sequence.tokens.size() <= oracle);
+      CHECK(sequence.logprobs.size() == sequence.tokens.size());
+      for (const float logprob : sequence.logprobs) CHECK(std::isfinite(logprob));
+    }
+  }
+  CHECK(stats.sequences == 15);
 }
 
 TEST_CASE("engine: a sink that says stop ends the run and counts the sequences in flight as dropped") {

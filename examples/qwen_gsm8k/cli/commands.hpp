@@ -98,6 +98,7 @@ struct GenerateOptions {
   SamplingOptions sampling{.temperature = 0.0};
   uint64_t seed = 0;
   bool logprobs = false, skip_bad_lines = false;
+  bool cuda_graphs = true;                        // EngineOptions::cuda_graphs
   std::string system_prompt = kSeedSystemPrompt;  // for "question" lines, as in training
 };
 struct GenerateCommand {

@@ -45,6 +45,9 @@ void add_generate_command(CLI::App& app, GenerateCommand& command) {
   sub->add_option("--max-num-seqs", o.max_num_seqs, "Sequence slots (vLLM's max_num_seqs)")
       ->capture_default_str()
       ->check(positive());
+  sub->add_flag("--cuda-graphs,!--no-cuda-graphs", o.cuda_graphs,
+                "On CUDA, run each decode step as a CUDA graph (vLLM's default; --no-cuda-graphs: its enforce_eager)")
+      ->capture_default_str();
   sub->add_flag("--logprobs", o.logprobs, "Write each token's log-prob under softmax(logits / temperature)");
   sub->add_flag("--skip-bad-lines", o.skip_bad_lines,
                 "Skip (and count) malformed input lines instead of stopping at the first");
@@ -144,6 +147,7 @@ GenerateSummary generate_lines(Qwen2ForCausalLM& model, const Tokenizer& tokeniz
   engine.max_new_tokens = options.max_new_tokens;
   engine.sampling = options.sampling;
   engine.return_logprobs = options.logprobs;
+  engine.cuda_graphs = options.cuda_graphs;
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"}) {
     if (const auto id = tokenizer.token_to_id(stop)) engine.stop_ids.push_back(*id);
   }

@@ -163,6 +163,10 @@ void add_run_options(CLI::App& command, const RunSettings& s) {
   add_switch(command, "--cosine,!--constant-lr", *s.cosine_schedule,
              "Cosine decay of the learning rate after warm-up, or a constant one (verl "
              "actor.optim.lr_scheduler_type, TRL lr_scheduler_type)");
+  add_setting(command, "--warmup-steps", *s.warmup_steps,
+              "Linear warm-up of the learning rate, in optimizer updates (verl actor.optim.lr_warmup_steps, TRL "
+              "warmup_steps)")
+      ->check(non_negative());
   add_setting(command, "--eval-every", *s.eval_every,
               "Evaluate every K steps, and at the start and end; 0: only then (verl trainer.test_freq, TRL eval_steps)")
       ->check(non_negative());
@@ -337,9 +341,6 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
       ->check(non_negative());
   add_setting(command, "--weight-decay", o.weight_decay, "(verl actor.optim.weight_decay, TRL weight_decay)")
       ->check(non_negative());
-  add_setting(command, "--warmup-steps", o.warmup_steps,
-              "Linear warm-up, optimizer updates (verl actor.optim.lr_warmup_steps, TRL warmup_steps)")
-      ->check(non_negative());
   add_setting(command, "--min-lr-ratio", o.min_lr_ratio,
               "Cosine floor as a fraction of lr (verl actor.optim.min_lr_ratio)")
       ->check(in_range(0, 1));
@@ -388,6 +389,9 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
               "The generation engine's slots: sequences in flight at once (vLLM max_num_seqs, verl "
               "rollout.max_num_seqs); 0 = every row of a generation round")
       ->check(non_negative());
+  add_switch(command, "--cuda-graphs,!--no-cuda-graphs", o.cuda_graphs,
+             "On CUDA, run each decode step as a CUDA graph, captured once per step shape (vLLM's default; "
+             "--no-cuda-graphs is its enforce_eager)");
 }
 
 void add_launch_options(CLI::App& command, LaunchSettings& settings, const std::string& nproc_help) {

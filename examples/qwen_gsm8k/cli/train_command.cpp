@@ -140,6 +140,7 @@ void add_train_command(CLI::App& app, TrainCommand& command) {
                          .rollout_n = &o.rollout_n,
                          .ppo_epochs = &o.ppo_epochs,
                          .cosine_schedule = &o.cosine_schedule,
+                         .warmup_steps = &o.warmup_steps,
                          .eval_every = &o.eval_every,
                          .eval_problems = &o.eval_problems,
                          .loggers = &o.loggers,

@@ -135,6 +135,7 @@ nlohmann::json demo_summary(const DemoOptions& options, const TrainOptions& trai
                            {"sft_lr", options.sft_lr},
                            {"rl_steps", options.rl_steps},
                            {"rl_lr", options.rl_lr},
+                           {"rl_warmup_steps", options.rl_warmup_steps},
                            {"rl_groups", options.rl_groups},
                            {"rl_mini_groups", options.rl_mini_groups},
                            {"rollout_n", options.rollout_n},
@@ -212,7 +213,7 @@ TrainOptions demo_train_options(const DemoOptions& options) {
   train.system_prompt = kDemoSystemPrompt;
   train.lr = options.rl_lr;  // a 165K-parameter model, not an LLM
   train.weight_decay = 0.0;
-  train.warmup_steps = 0;
+  train.warmup_steps = options.rl_warmup_steps;
   train.eval_every = options.eval_every;
   train.eval_problems = options.eval_problems;
   train.save_every = 0;

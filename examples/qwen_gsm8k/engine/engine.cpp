@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "qwen_gsm8k/engine/decode_graphs.hpp"
 #include "qwen_gsm8k/engine/sequence_random.hpp"
 #include "qwen_gsm8k/engine/slot_cache.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
@@ -35,6 +36,7 @@ void EngineOptions::validate() const {
 namespace {
 
 constexpr float kLowest = std::numeric_limits<float>::lowest();
+constexpr int64_t kSmallestWindow = 64;  // rounded windows: 64, 128, 256, ... positions
 
 // A live row's host-side facts: everything the loop decides from without reading the device.
 struct Row {
@@ -76,7 +78,9 @@ class Run {
         capacity_(options.max_prompt_tokens + options.max_new_tokens),
         // Keys and values in the dtype the projections produce: autocast's when it is on, else the weights'.
         cache_dtype_(active_autocast_dtype(device_).value_or(model->lm_head_weight().scalar_type())),
-        cache_(model->config(), slots_, capacity_, model->lm_head_weight().options().dtype(cache_dtype_)) {
+        cache_(model->config(), slots_, capacity_, model->lm_head_weight().options().dtype(cache_dtype_)),
+        graphs_(device_, options.cuda_graphs),
+        rounded_shapes_(options.graph_shapes || graphs_.active()) {
     const auto longs = torch::TensorOptions().dtype(torch::kInt64).device(device_);
     const int64_t width = options.max_new_tokens;
     next_token_ = torch::zeros({slots_}, longs);
@@ -108,7 +112,10 @@ class Run {
       for (int64_t since = 0; since < options_.check_every && !at_budget(); ++since) decode();
       if (!check()) break;
       admit();
+      reset_padding_ = true;
     }
+    stats_.graph_captures = graphs_.captures();
+    stats_.graph_replays = graphs_.replays();
     return stats_;
   }
 
@@ -327,11 +334,42 @@ class Run {
     return (logits.to(torch::kFloat32) / temperature).log_softmax(-1).gather(1, token.unsqueeze(1)).squeeze(1);
   }
 
-  // One token for every live row: the fed token at its own position, attending to its own positions only.
+  // One token for every live row, as a CUDA graph's replay where graphs are on. With rounded shapes the step computes
+  // the live rows rounded up (the padding rows are free slots: reset after each check to position 0 and token index 0,
+  // they advance at most max_new_tokens - 1 steps before the next check, so every index they write stays in range)
+  // over a rounded window.
   void decode() {
-    const auto rows = static_cast<int64_t>(rows_.size());
+    const auto live = static_cast<int64_t>(rows_.size());
     int64_t window = 0;
     for (const Row& row : rows_) window = std::max(window, row.prompt_length + row.generated);
+    int64_t rows = live;
+    if (rounded_shapes_) {
+      rows = round_up(live, 1, slots_);
+      window = round_up(window, kSmallestWindow, capacity_);
+      if (reset_padding_ && rows > live) {
+        positions_.narrow(0, live, rows - live).zero_();
+        generated_index_.narrow(0, live, rows - live).zero_();
+      }
+      reset_padding_ = false;
+      graphs_.run({rows, window}, [this, rows, window] { decode_step(rows, window); });
+    } else {
+      decode_step(rows, window);
+    }
+    for (Row& row : rows_) ++row.generated;
+    ++stats_.decode_calls;
+    stats_.rows_computed += rows;
+  }
+
+  // The smallest power of two from `floor` that holds `value`, at most `ceiling`.
+  static int64_t round_up(int64_t value, int64_t floor, int64_t ceiling) {
+    int64_t rounded = floor;
+    while (rounded < value) rounded *= 2;
+    return std::min(rounded, ceiling);
+  }
+
+  // The device work of a decode step over slots [0, rows) and positions [0, window): the same operators on the same
+  // buffers for the same (rows, window), and no host synchronisation, so that a CUDA graph can replay it.
+  void decode_step(int64_t rows, int64_t window) {
     const torch::Tensor positions = positions_.narrow(0, 0, rows), index = generated_index_.narrow(0, 0, rows);
     const torch::Tensor keys = torch::arange(window, positions.options());
     const torch::Tensor mask = torch::zeros({rows, window}, positions.options().dtype(torch::kFloat32))
@@ -356,9 +394,6 @@ class Run {
     positions.add_(1);
     index.add_(1);
     next_token_.narrow(0, 0, rows).copy_(token);
-    for (Row& row : rows_) ++row.generated;
-    ++stats_.decode_calls;
-    stats_.rows_computed += rows;
   }
 
   // Reads the finished flags, hands the finished sequences over in (request, sample) order, frees their slots.
@@ -462,6 +497,9 @@ class Run {
   int64_t vocab_, slots_, capacity_;
   torch::ScalarType cache_dtype_;
   SlotCache cache_;
+  DecodeGraphs graphs_;
+  bool rounded_shapes_;        // decode at the graphs' shapes
+  bool reset_padding_ = true;  // the padding rows' positions and indices to be zeroed before the next step
   std::vector<Row> rows_;
   std::deque<Waiting> waiting_;
   // Per slot: the token the next step feeds, its position, the index of the next token, the first stop's index (-1),

@@ -57,6 +57,13 @@ struct EngineOptions {
   int64_t check_every = 8;
   bool shared_prefill = true;  // one prefill per request, forked into its n slots; false: one per sequence
   bool continuous = true;      // false: static batches (a batch is admitted when the pool is empty; for comparison)
+  // On CUDA, each decode step runs as a CUDA graph (vLLM's and SGLang's decode): its shape, the live rows rounded up to
+  // a power of two (at most max_num_seqs) and the attended window to a power of two from 64 (at most the capacity),
+  // is run eagerly once, captured the next time and replayed after (engine/decode_graphs.hpp). Padding rows are free
+  // slots whose results nobody reads. Elsewhere, or off: eager steps at the exact shapes.
+  bool cuda_graphs = true;
+  // Tests and benchmarks: decode at the rounded shapes the graphs replay, with or without graphs, on any device.
+  bool graph_shapes = false;
   // Benchmarks and tests only: sequence (request, sample) stops after this many tokens as if it had emitted a stop
   // token there (random weights never stop); 0 or unset: no forced stop. Noticed at checks, as real stops are.
   std::function<int64_t(int64_t request, int64_t sample)> oracle_length;
@@ -66,7 +73,7 @@ struct EngineOptions {
 
 struct EngineStats {
   int64_t decode_calls = 0;   // model forwards of one token per live row
-  int64_t rows_computed = 0;  // rows over all decode calls (what a step's matrix products have)
+  int64_t rows_computed = 0;  // rows over all decode calls (what a step's matrix products have; padding included)
   int64_t prefill_calls = 0;
   int64_t prefill_rows = 0;    // prompts prefilled
   int64_t prefill_tokens = 0;  // of those prompts (padding not counted)
@@ -76,6 +83,8 @@ struct EngineStats {
   int64_t dropped = 0;         // in flight when the sink stopped the run
   int64_t requests = 0;        // taken from the source
   int64_t cache_bytes = 0;     // the slot pool's key/value buffers
+  int64_t graph_captures = 0;  // decode-step shapes captured as CUDA graphs
+  int64_t graph_replays = 0;   // decode steps run as a graph replay
 };
 
 // The next request, or nullopt when there is none now: the source is asked again at the next check, and the run ends

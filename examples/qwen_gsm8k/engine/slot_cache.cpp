@@ -16,6 +16,7 @@ SlotCache::SlotCache(const Config& config, int64_t slots, int64_t capacity, torc
     keys_.push_back(torch::zeros({slots, config.num_key_value_heads, capacity, config.head_dim()}, options));
     values_.push_back(torch::zeros({slots, config.num_key_value_heads, capacity, config.head_dim()}, options));
   }
+  slot_index_ = torch::arange(slots, options.dtype(torch::kInt64));
 }
 
 void SlotCache::set_step(int64_t rows, const torch::Tensor& positions, int64_t window) {
@@ -25,9 +26,7 @@ void SlotCache::set_step(int64_t rows, const torch::Tensor& positions, int64_t w
                                 std::to_string(window) + " does not fit " + std::to_string(slots_) + " slots of " +
                                 std::to_string(capacity_) + " positions");
   }
-  if (rows != rows_ || !row_index_.defined()) {
-    row_index_ = torch::arange(rows, positions.options());
-  }
+  row_index_ = slot_index_.narrow(0, 0, rows);
   rows_ = rows;
   window_ = window;
   positions_ = positions;

@@ -24,7 +24,8 @@ class SlotCache final : public AttentionCache {
   SlotCache(const Config& config, int64_t slots, int64_t capacity, torch::TensorOptions options);
 
   // The next decode step: rows [0, rows) each write one new position, row r at positions[r] ([R] int64 on the
-  // cache's device), and attend to positions [0, window).
+  // cache's device), and attend to positions [0, window). The step's index tensors are views of buffers that live as
+  // long as the cache (a CUDA graph of the step reads them at fixed addresses).
   void set_step(int64_t rows, const torch::Tensor& positions, int64_t window);
   // keys, values [R, KV, 1, D] of `layer` -> [R, KV, W, D] views of the cache, the new position written.
   std::pair<torch::Tensor, torch::Tensor> update(int64_t layer, const torch::Tensor& keys,
@@ -45,6 +46,7 @@ class SlotCache final : public AttentionCache {
   std::vector<torch::Tensor> keys_, values_;  // per layer [S, KV, C, D]
   int64_t slots_, capacity_;
   int64_t rows_ = 0, window_ = 0;
+  torch::Tensor slot_index_;             // [S] int64: 0, 1, ..., S - 1 (its first R are the step's rows)
   torch::Tensor row_index_, positions_;  // [R] int64: the step's rows and write positions
 };
 

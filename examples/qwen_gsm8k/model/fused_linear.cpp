@@ -111,10 +111,10 @@ torch::Tensor FusedLinears::forward(const torch::Tensor& x) {
   if (!torch::GradMode::is_enabled()) {
     // The bias as it is: autocast casts it as it would an unfused layer's (a cast of the bias beforehand rounds
     // LibTorch 1.13's CPU bfloat16 products differently).
-    return torch::nn::functional::linear(x, autocast_weight(weight_), bias ? bias_ : torch::Tensor());
+    return at::linear(x, autocast_weight(weight_), bias ? bias_ : torch::Tensor());
   }
-  return torch::nn::functional::linear(x, joined(parts(layers_, false), weight_),
-                                       bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
+  return at::linear(x, joined(parts(layers_, false), weight_),
+                    bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
 }
 
 }  // namespace qwen

@@ -127,9 +127,11 @@ int64_t sdpa_choice(const SdpaCall& call) {
 AttentionInputs attention_inputs(const torch::Tensor& mask, const torch::Tensor& cos, const torch::Tensor& sin,
                                  torch::ScalarType dtype, int64_t groups, int64_t positions);
 
-// layer(x), reading the weight as autocast_weight gives it (no cast per decode step); the bias as it is.
+// layer(x), reading the weight as autocast_weight gives it (no cast per decode step); the bias as it is. ATen's linear
+// (torch.nn.functional.linear's, transformers'): one operator, and with a bias one addmm over the rows (LibTorch's C++
+// functional::linear is matmul with weight.t(), then an add of the bias).
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return torch::nn::functional::linear(x, autocast_weight(layer->weight), layer->bias);
+  return at::linear(x, autocast_weight(layer->weight), layer->bias);
 }
 
 }  // namespace
@@ -378,7 +380,7 @@ torch::Tensor Qwen2ForCausalLMImpl::last_logits(const torch::Tensor& input_ids, 
 torch::Tensor Qwen2ForCausalLMImpl::logits(const torch::Tensor& hidden) const {
   // The [V, H] matrix cast once per autocast region (autocast_weight), not at every decode step as autocast casts
   // matmul's weight.t() (a view, which it never caches). linear is matmul with weight.t(): the same products.
-  return torch::nn::functional::linear(hidden, autocast_weight(lm_head_weight()));
+  return at::linear(hidden, autocast_weight(lm_head_weight()));
 }
 
 torch::Tensor Qwen2ForCausalLMImpl::lm_head_weight() const {

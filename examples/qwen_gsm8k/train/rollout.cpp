@@ -34,6 +34,7 @@ EngineOptions rollout_engine_options(const RolloutOptions& options, int64_t rows
   engine.sampling = options.generation.sampling;
   engine.return_logprobs = options.generation.return_logprobs;
   engine.check_every = options.check_every;
+  engine.cuda_graphs = options.cuda_graphs;
   return engine;
 }
 

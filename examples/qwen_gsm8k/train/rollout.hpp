@@ -49,6 +49,7 @@ struct RolloutOptions {
   std::string system_prompt = kSeedSystemPrompt;
   int64_t max_batch_rows = 0;  // the engine's slots (sequences in flight at once); 0: every row of the call
   int64_t check_every = 8;     // decode steps between reads of the finished flags (EngineOptions::check_every)
+  bool cuda_graphs = true;     // decode steps as CUDA graphs on CUDA (EngineOptions::cuda_graphs)
 };
 
 // (rows done, rows in all) after each generate() call of a rollout.

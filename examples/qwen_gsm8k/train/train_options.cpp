@@ -134,6 +134,7 @@ nlohmann::json TrainOptions::to_json() const {
                        : *autocast == torch::kBFloat16 ? "bfloat16"
                                                        : "float16"},
           {"gradient_checkpointing", gradient_checkpointing},
+          {"cuda_graphs", cuda_graphs},
           {"eval_every", eval_every},
           {"eval_problems", eval_problems},
           {"eval_pass_k", eval_pass_k},
@@ -192,6 +193,7 @@ RolloutOptions rollout_options(const TrainOptions& options, const Tokenizer& tok
   rollout.rewards.max_length = budget.overlong_max_length;
   rollout.system_prompt = options.system_prompt;
   rollout.max_batch_rows = options.max_rollout_rows;
+  rollout.cuda_graphs = options.cuda_graphs;
   return rollout;
 }
 

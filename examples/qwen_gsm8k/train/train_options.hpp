@@ -98,7 +98,9 @@ struct TrainOptions {
   // activations of one layer instead of all, about one more forward per update.
   bool gradient_checkpointing = false;
   int64_t max_rollout_rows = 0;  // the generation engine's slots (vLLM's max_num_seqs); 0: every row of a round
-  int64_t eval_every = 0;        // trainer.test_freq; 0: only at the start and the end
+  // On CUDA, decode steps as CUDA graphs (EngineOptions::cuda_graphs; vLLM's default, its enforce_eager = false).
+  bool cuda_graphs = true;
+  int64_t eval_every = 0;  // trainer.test_freq; 0: only at the start and the end
   int64_t eval_problems = 100;
   int64_t eval_pass_k = 0;       // also pass@k with sampling when > 0
   int64_t save_every = 0;        // trainer.save_freq; 0: only at the end
