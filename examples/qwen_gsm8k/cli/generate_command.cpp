@@ -11,6 +11,7 @@
 #include <dapo/rewards/gsm8k.hpp>
 
 #include "qwen_gsm8k/cli/commands.hpp"
+#include "qwen_gsm8k/cli/options.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
@@ -45,9 +46,8 @@ void add_generate_command(CLI::App& app, GenerateCommand& command) {
   sub->add_option("--max-num-seqs", o.max_num_seqs, "Sequence slots (vLLM's max_num_seqs)")
       ->capture_default_str()
       ->check(positive());
-  sub->add_flag("--cuda-graphs,!--no-cuda-graphs", o.cuda_graphs,
-                "On CUDA, run each decode step as a CUDA graph (vLLM's default; --no-cuda-graphs: its enforce_eager)")
-      ->capture_default_str();
+  add_switch(*sub, "--cuda-graphs,!--no-cuda-graphs", o.cuda_graphs,
+             "On CUDA, run each decode step as a CUDA graph (vLLM's default; --no-cuda-graphs: its enforce_eager)");
   sub->add_flag("--logprobs", o.logprobs, "Write each token's log-prob under softmax(logits / temperature)");
   sub->add_flag("--skip-bad-lines", o.skip_bad_lines,
                 "Skip (and count) malformed input lines instead of stopping at the first");
