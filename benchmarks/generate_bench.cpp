@@ -213,11 +213,15 @@ double timed_ms(const std::function<void()>& run, torch::Device device) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The timed prompts: --prompts' when given, else --batch seeded random ones of --prompt tokens.
+std::vector<std::vector<int64_t>> timed_prompts(qwen::Qwen2ForCausalLM& model, const Args& args) {
+  return !args.prompts.empty() ? args.prompts
+                               : random_prompts(args.batch, args.prompt, model->config().vocab_size, kPromptSeed);
+}
+
 // Per repeat: generate with N new tokens (t_N) and with 1 (t_1: prefill and the first token); one warm-up of both.
 Timings time_generate(qwen::Qwen2ForCausalLM& model, const Args& args) {
-  const auto prompts = !args.prompts.empty()
-                           ? args.prompts
-                           : random_prompts(args.batch, args.prompt, model->config().vocab_size, kPromptSeed);
+  const auto prompts = timed_prompts(model, args);
   const bool sample = args.decoding == "sample";
   const auto full = greedy(args.new_tokens, true, sample), first = greedy(1, true, sample);
   qwen::GenerationOutput out;
@@ -250,9 +254,7 @@ struct EngineTiming {
 };
 
 EngineTiming time_engine(qwen::Qwen2ForCausalLM& model, const Args& args, bool cuda_graphs) {
-  const auto prompts = !args.prompts.empty()
-                           ? args.prompts
-                           : random_prompts(args.batch, args.prompt, model->config().vocab_size, kPromptSeed);
+  const auto prompts = timed_prompts(model, args);
   std::vector<qwen::EngineRequest> requests;
   for (const auto& prompt : prompts) requests.push_back({.prompt = prompt, .n = 1});
   qwen::EngineOptions options;

@@ -59,9 +59,10 @@ bool DecodeGraphs::capture(Shape shape, const std::function<void()>& step) {
   } catch (const std::exception& error) {
     at::autocast::set_autocast_cache_enabled(autocast_cache);
     active_ = false;
-    failure_ = "capturing the decode step at " + std::to_string(shape.first) + " rows x " +
-               std::to_string(shape.second) + " positions failed: " + error.what();
-    std::fprintf(stderr, "engine: %s; decoding without CUDA graphs from here on\n", failure_.c_str());
+    std::fprintf(stderr,
+                 "engine: capturing the decode step at %lld rows x %lld positions failed: %s; decoding without CUDA "
+                 "graphs from here on\n",
+                 static_cast<long long>(shape.first), static_cast<long long>(shape.second), error.what());
     return false;
   }
   at::autocast::set_autocast_cache_enabled(autocast_cache);

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <utility>
 
 namespace qwen {
@@ -40,7 +39,6 @@ class DecodeGraphs {
 
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
-  const std::string& failure() const { return failure_; }  // why capturing stopped; empty if it never failed
 
  private:
   bool capture(Shape shape, const std::function<void()>& step);  // false (and inactive from then on) if it failed
@@ -49,7 +47,6 @@ class DecodeGraphs {
   std::unique_ptr<Graphs> graphs_;
   bool active_ = false;
   int64_t captures_ = 0, replays_ = 0;
-  std::string failure_;
 };
 
 }  // namespace qwen
