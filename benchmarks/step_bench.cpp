@@ -80,13 +80,7 @@ std::optional<Args> parse_args(int argc, char** argv) {
     throw std::invalid_argument("--gradient-checkpointing is '" + std::to_string(args.gradient_checkpointing) +
                                 "', expected 0 or 1");
   }
-  if (args.autocast_name.empty()) args.autocast_name = args.device.is_cuda() ? "bfloat16" : "off";
-  if (args.autocast_name == "bfloat16")
-    args.autocast = torch::kBFloat16;
-  else if (args.autocast_name == "float16")
-    args.autocast = torch::kHalf;
-  else if (args.autocast_name != "off")
-    throw std::invalid_argument("--autocast is '" + args.autocast_name + "', expected bfloat16, float16 or off");
+  args.autocast = dapo::bench::parse_autocast(args.autocast_name, args.device);
   return args;
 }
 
@@ -225,20 +219,12 @@ void run(const Args& args) {
 
 int main(int argc, char** argv) {
   qwen::use_passive_thread_pools(argv);
-  std::optional<Args> args;
-  try {
-    args = parse_args(argc, argv);
-    if (!args) return 0;             // --help
-    step_options(*args).validate();  // the trainer's own checks (--micro divides --mini, ...), before any work
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "step_bench: %s\n", error.what());
-    return 2;
-  }
-  try {
-    run(*args);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "step_bench: %s\n", error.what());
-    return 1;
-  }
-  return 0;
+  return dapo::bench::run_main<Args>(
+      "step_bench",
+      [&]() -> std::optional<Args> {
+        std::optional<Args> args = parse_args(argc, argv);
+        if (args) step_options(*args).validate();  // the trainer's own checks (--micro divides --mini, ...)
+        return args;
+      },
+      run);
 }

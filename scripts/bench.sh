@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmarks: builds them (Release) and runs the ones named (default: all) — loss, logprob, tokenizer, model, step,
-# ops (operators per decode step and training forward: benchmarks/ops_bench.cpp), python (torch.ops.dapo from Debian's
+# ops (operators per decode step and training forward: benchmarks/ops_bench.cpp), shared (the update with each group's
+# prompt once, against each row whole: benchmarks/shared_prompt_bench.cpp), python (torch.ops.dapo from Debian's
 # python3-torch against PyTorch ops: benchmarks/python_ops_bench.py).
 # Every benchmark checks its result against a reference before timing. Prints tables and writes JSON to
 # ${DAPO_BUILD_DIR:-build}/bench-results/. DAPO_NATIVE=ON compiles them for this CPU (-march=native).
@@ -10,10 +11,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir=${DAPO_BUILD_DIR:-build}
 shared=${DAPO_SHARED_DIR:-../shared}
 benchmarks=("$@")
-((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model step ops python)
+((${#benchmarks[@]})) || benchmarks=(loss logprob tokenizer model step ops shared python)
 targets=()
 for name in "${benchmarks[@]}"; do
-  if [[ $name == python ]]; then targets+=(dapo_torch_ops); else targets+=("${name}_bench"); fi
+  case "$name" in
+    python) targets+=(dapo_torch_ops) ;;
+    shared) targets+=(shared_prompt_bench) ;;
+    *) targets+=("${name}_bench") ;;
+  esac
 done
 lists=scripts/packages.txt
 [[ " ${benchmarks[*]} " == *" python "* ]] && lists+=" scripts/python-packages.txt"  # python3-torch
@@ -36,10 +41,12 @@ for name in "${benchmarks[@]}"; do
     ops)  # operators per decode step and per training forward at Qwen2.5-1.5B's layer graph, float32 and bfloat16
       "$build_dir/benchmarks/ops_bench" --autocast none --json "$results/ops_bench_float32.json"
       "$build_dir/benchmarks/ops_bench" --json "$results/ops_bench_bfloat16.json" ;;
+    shared)  # G = 4, 8, 16 at the seed's GSM8K prompt length, two of the 1.5B's layers
+      "$build_dir/benchmarks/shared_prompt_bench" --json "$results/shared_prompt_bench.json" ;;
     loss | logprob | model)
       "$build_dir/benchmarks/${name}_bench" --json "$results/${name}_bench.json" ;;
     *)
-      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer, model, step, ops or python)" >&2
+      echo "bench.sh: unknown benchmark '$name' (expected loss, logprob, tokenizer, model, step, ops, shared or python)" >&2
       exit 2 ;;
   esac
 done

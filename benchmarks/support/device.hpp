@@ -73,6 +73,16 @@ inline std::string device_name(torch::Device device) {
 #endif
 }
 
+// --autocast's value: bfloat16, float16 or off; an empty `name` becomes bfloat16 on CUDA, off elsewhere. Throws
+// std::invalid_argument naming --autocast for any other text.
+inline std::optional<torch::ScalarType> parse_autocast(std::string& name, torch::Device device) {
+  if (name.empty()) name = device.is_cuda() ? "bfloat16" : "off";
+  if (name == "bfloat16") return torch::kBFloat16;
+  if (name == "float16") return torch::kHalf;
+  if (name != "off") throw std::invalid_argument("--autocast is '" + name + "', expected bfloat16, float16 or off");
+  return std::nullopt;
+}
+
 // Peak bytes of LibTorch's CUDA caching allocator since the last reset_peak_memory: allocated (held by tensors) and
 // reserved (taken from the driver, cached blocks included). Empty off CUDA and in builds without CUDA.
 struct PeakMemory {

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -116,6 +117,29 @@ inline void write_json(const nlohmann::json& record, const std::string& path) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write " + path);
   out << record.dump(2) << "\n";
+}
+
+// A benchmark's main after its set-up: `parse` reads the flags (nullopt: --help was printed) and checks them before
+// any work, then `run` does the work. Errors go to stderr after the program's name: exit 2 for bad flags, 1 for a
+// failure of the work.
+template <class Args>
+int run_main(const char* program, const std::function<std::optional<Args>()>& parse,
+             const std::function<void(const Args&)>& run) {
+  std::optional<Args> args;
+  try {
+    args = parse();
+    if (!args) return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%s: %s\n", program, error.what());
+    return 2;
+  }
+  try {
+    run(*args);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%s: %s\n", program, error.what());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace dapo::bench

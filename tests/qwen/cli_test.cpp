@@ -120,6 +120,8 @@ TEST_CASE("cli: --help shows the default of every option that has one") {
   CHECK(demo.command.app->get_option("--warmup-steps")->get_default_str() == "16");
   CHECK(train.command.app->get_option("--warmup-steps")->get_default_str() == "0");
   CHECK(train.command.app->get_option("--cuda-graphs")->get_default_str() == "true");
+  CHECK(train.command.app->get_option("--shared-prompt")->get_default_str() == "true");
+  CHECK(demo.command.app->get_option("--shared-prompt")->get_default_str() == "true");
   CHECK(demo.command.app->get_option("--lr")->get_default_str() == "6e-04");
   CHECK(demo.command.app->get_option("--device")->get_default_str() == "cpu");
   CHECK(demo.command.app->get_option("--cosine")->get_default_str() == "true");
@@ -395,6 +397,7 @@ TEST_CASE("cli: --print-config's output read back with --config gives the same s
                                               "--lr",
                                               "3.3333333333333335e-07",
                                               "--no-dynamic-sampling",
+                                              "--no-shared-prompt",
                                               "--mask-truncated",
                                               "--logger",
                                               "jsonl,console",
@@ -433,6 +436,7 @@ TEST_CASE("cli: --print-config's output read back with --config gives the same s
     CHECK(second.command.output == "runs/x");
     CHECK(second.command.chat_template == "builtin");
     CHECK(second.command.lenient_answers);
+    CHECK_FALSE(second.command.options.shared_prompt);
     CHECK(qwen::cli::effective_config(*second.command.app) == printed);  // a fixed point
   }
   SUBCASE("train with the default system prompt: left out (it has newlines), the default comes back") {

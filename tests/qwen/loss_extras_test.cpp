@@ -44,19 +44,14 @@ torch::Tensor batch_logprobs(qwen::Qwen2ForCausalLM& model, const qwen::TrainBat
                                  entropy_sum);
 }
 
-// The same, computed on the slices of `plan` (those the update uses: the same shapes, so the same bits).
+// The same, computed on the slices of `plan` as the update computes them (the same shapes and path, so the same bits).
 torch::Tensor sliced_logprobs(qwen::Qwen2ForCausalLM& model, const qwen::TrainBatch& batch,
                               const std::vector<qwen::MiniBatch>& plan) {
   const torch::NoGradGuard no_grad;
   torch::Tensor out = torch::zeros(batch.padded.loss_mask.sizes(), torch::kFloat32);
   for (const auto& mini : plan) {
     for (const auto& micro : mini.micro_batches) {
-      const auto slice = [&](const torch::Tensor& tensor, int64_t columns) {
-        return micro.take(tensor).narrow(1, 0, columns);
-      };
-      micro.put(out, qwen::response_logprobs(model, slice(batch.padded.input_ids, micro.length),
-                                             slice(batch.padded.attention_mask, micro.length),
-                                             slice(batch.padded.loss_mask, micro.length - 1), {}));
+      micro.put(out, qwen::micro_batch_logprobs(model, batch.padded, micro, {}, qwen::TrainOptions().shared_prompt));
     }
   }
   return out;

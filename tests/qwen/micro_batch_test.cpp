@@ -13,6 +13,7 @@
 #include "qwen_gsm8k/train/batch.hpp"
 #include "qwen_gsm8k/train/update.hpp"
 #include "support/tiny_model.hpp"
+#include "support/update_step.hpp"
 
 namespace {
 
@@ -33,35 +34,13 @@ std::vector<int64_t> lengths_of(const qwen::TrainBatch& batch) {
   return {sums.data_ptr<int64_t>(), sums.data_ptr<int64_t>() + sums.numel()};
 }
 
-struct UpdateResult {
-  qwen::UpdateMetrics metrics;
-  std::vector<torch::Tensor> step;     // each parameter's change, -gradient (see run_once)
-  std::vector<double> largest_weight;  // each parameter's largest magnitude before the step
-};
+using dapo::test::check_same_step;
+using dapo::test::UpdateResult;
 
-// One PolicyUpdate::run, one mini-batch, one epoch. AdamW with betas (0, 0), no weight decay and eps = lr = 1e4 moves
-// each weight by -lr g / (|g| + eps) = -g (1 - |g| / 1e4 + ...): the change of the weights is the mini-batch's
-// gradient (to 1e-4 of itself, the same function of g for both runs), seen through the real update path.
+// One mini-batch, one epoch: the update's gradient (support/update_step.hpp).
 UpdateResult run_once(const qwen::TrainOptions& options, qwen::Qwen2ForCausalLM* reference = nullptr) {
-  options.validate();
-  torch::manual_seed(5);
-  qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(48, 32, 4, 2, 2));
-  qwen::initialize_weights(model, 0.2);
-  std::vector<torch::Tensor> before;
-  for (const auto& parameter : model->parameters()) before.push_back(parameter.detach().clone());
-  torch::optim::AdamW optimizer(model->parameters(),
-                                torch::optim::AdamWOptions(1e4).betas({0.0, 0.0}).eps(1e4).weight_decay(0.0));
-  const auto communicator = qwen::Communicator::create({}, torch::kCPU);
-  qwen::PolicyUpdate update{model, optimizer, *communicator, options, reference};
-  qwen::TrainBatch batch = budget_batch();
-  int64_t updates = 0;
-  UpdateResult result{update.run(batch, updates), {}, {}};
-  REQUIRE(updates == 1);
-  const auto after = model->parameters();
-  for (std::size_t i = 0; i < after.size(); ++i) {
-    result.step.push_back(after[i].detach() - before[i]);
-    result.largest_weight.push_back(before[i].abs().max().item<double>());
-  }
+  UpdateResult result = dapo::test::run_update_step(options, budget_batch(), reference);
+  REQUIRE(result.updates == 1);
   return result;
 }
 
@@ -74,18 +53,6 @@ qwen::TrainOptions base_options() {
   options.grad_clip = 1e9;  // no clipping: the raw gradients are compared
   options.loss.group_size = 2;
   return options;
-}
-
-// The two runs' gradients agree: float32 sums in another order (rows padded to other widths, other micro-batches),
-// to 1e-4 of each tensor's largest element, plus the rounding of the weights the step was added to (2 ulp).
-void check_same_step(const UpdateResult& budget, const UpdateResult& whole) {
-  REQUIRE(budget.step.size() == whole.step.size());
-  for (std::size_t i = 0; i < whole.step.size(); ++i) {
-    CAPTURE(i);
-    const double scale = whole.step[i].abs().max().item<double>();
-    const double rounding = 2.0 * 1.2e-7 * whole.largest_weight[i];
-    CHECK((budget.step[i] - whole.step[i]).abs().max().item<double>() <= 1e-4 * scale + rounding);
-  }
 }
 
 }  // namespace

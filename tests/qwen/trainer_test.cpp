@@ -434,12 +434,8 @@ TEST_CASE("the first update's forward gives its mini-batch's old log-probs: bitw
     const torch::NoGradGuard no_grad;
     for (const auto& mini : plan) {
       for (const auto& micro : mini.micro_batches) {
-        const auto slice = [&](const torch::Tensor& tensor, int64_t columns) {
-          return micro.take(tensor).narrow(1, 0, columns);
-        };
-        micro.put(expected, qwen::response_logprobs(model, slice(batch.padded.input_ids, micro.length),
-                                                    slice(batch.padded.attention_mask, micro.length),
-                                                    slice(batch.padded.loss_mask, micro.length - 1), {}, &entropy));
+        micro.put(expected,
+                  qwen::micro_batch_logprobs(model, batch.padded, micro, {}, options.shared_prompt, &entropy));
       }
     }
   }

@@ -84,6 +84,7 @@ void add_demo_command(CLI::App& app, DemoCommand& command) {
                          .ppo_epochs = &demo.ppo_epochs,
                          .cosine_schedule = &demo.cosine_schedule,
                          .warmup_steps = &demo.rl_warmup_steps,
+                         .shared_prompt = &demo.shared_prompt,
                          .eval_every = &demo.eval_every,
                          .eval_problems = &demo.eval_problems,
                          .loggers = &demo.loggers,

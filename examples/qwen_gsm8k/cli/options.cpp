@@ -167,6 +167,10 @@ void add_run_options(CLI::App& command, const RunSettings& s) {
               "Linear warm-up of the learning rate, in optimizer updates (verl actor.optim.lr_warmup_steps, TRL "
               "warmup_steps)")
       ->check(non_negative());
+  add_switch(command, "--shared-prompt,!--no-shared-prompt", *s.shared_prompt,
+             "The update's forward passes compute each group's prompt once, its G responses attending to it (prompt + "
+             "G x response tokens instead of G x (prompt + response); verl's PrefixGrouper): the same log-probs and "
+             "gradients within rounding");
   add_setting(command, "--eval-every", *s.eval_every,
               "Evaluate every K steps, and at the start and end; 0: only then (verl trainer.test_freq, TRL eval_steps)")
       ->check(non_negative());

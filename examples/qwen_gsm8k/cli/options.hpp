@@ -46,6 +46,7 @@ struct RunSettings {
   int64_t* ppo_epochs = nullptr;
   bool* cosine_schedule = nullptr;
   int64_t* warmup_steps = nullptr;
+  bool* shared_prompt = nullptr;
   int64_t* eval_every = nullptr;
   int64_t* eval_problems = nullptr;
   std::vector<std::string>* loggers = nullptr;

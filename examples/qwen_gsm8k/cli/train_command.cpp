@@ -141,6 +141,7 @@ void add_train_command(CLI::App& app, TrainCommand& command) {
                          .ppo_epochs = &o.ppo_epochs,
                          .cosine_schedule = &o.cosine_schedule,
                          .warmup_steps = &o.warmup_steps,
+                         .shared_prompt = &o.shared_prompt,
                          .eval_every = &o.eval_every,
                          .eval_problems = &o.eval_problems,
                          .loggers = &o.loggers,

@@ -214,6 +214,7 @@ TrainOptions demo_train_options(const DemoOptions& options) {
   train.lr = options.rl_lr;  // a 165K-parameter model, not an LLM
   train.weight_decay = 0.0;
   train.warmup_steps = options.rl_warmup_steps;
+  train.shared_prompt = options.shared_prompt;
   train.eval_every = options.eval_every;
   train.eval_problems = options.eval_problems;
   train.save_every = 0;

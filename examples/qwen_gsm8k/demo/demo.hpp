@@ -45,6 +45,7 @@ struct DemoOptions {
   // recipe warms up: without it Adam's first updates, each about lr per weight whatever the gradient, moved the policy
   // 10-20x more than later ones (ppo_kl 0.015-0.042 at the first step against ~0.002).
   int64_t rl_warmup_steps = 16;
+  bool shared_prompt = true;        // TrainOptions::shared_prompt: each group's prompt computed once in the update
   int64_t rl_groups = 32;           // prompts (groups) per step
   int64_t rl_mini_groups = 16;      // groups per update: rl_groups / rl_mini_groups updates per epoch
   int64_t rollout_n = 8;            // responses per prompt

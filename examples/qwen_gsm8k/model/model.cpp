@@ -165,15 +165,21 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const Attentio
   torch::Tensor value = qk_v[1];
   if (cache != nullptr) std::tie(key, value) = cache->update(layer, key, value);  // [B, KV, S, D]
 
-  torch::Tensor attended;  // [B, T, N D]
+  return project(o_proj, attend(query, key, value, inputs.mask));
+}
+
+torch::Tensor AttentionImpl::attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                    const torch::Tensor& mask) const {
+  const int64_t batch = query.size(0), positions = query.size(2);
 #if TORCH_VERSION_MAJOR >= 2
   if (sdpa_on(query.device())) {
-    attended = run_sdpa(sdpa_call(query, key, value, inputs.mask, kv_heads_));
+    const torch::Tensor attended = run_sdpa(sdpa_call(query, key, value, mask, kv_heads_));
     // [B, N, T, D] (causal) or [B, KV, G T, D] (folded): the same order of heads, query head h = kv G + g. One
     // position (decode): that is already [B, 1, N D].
-    if (positions == 1) return project(o_proj, attended.reshape({batch, 1, heads_ * head_dim_}));
-    attended = attended.reshape({batch, heads_, positions, head_dim_});
-    return project(o_proj, attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
+    if (positions == 1) return attended.reshape({batch, 1, heads_ * head_dim_});
+    return attended.reshape({batch, heads_, positions, head_dim_})
+        .transpose(1, 2)
+        .reshape({batch, positions, heads_ * head_dim_});
   }
 #endif
   // Eager attention (LibTorch 1.x's only one, and the CPU's before 2.14: measured on 2 cores, docs/benchmarks.md,
@@ -183,9 +189,46 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const Attentio
   // (batched_matmul.hpp).
   const torch::Tensor scores =
       grouped_matmul(query, key, /*transpose_shared=*/true) / std::sqrt(static_cast<double>(head_dim_));
-  const torch::Tensor weights = torch::softmax(scores.to(torch::kFloat32) + inputs.mask, -1).to(query.scalar_type());
-  attended = grouped_matmul(weights, value, /*transpose_shared=*/false);  // [B, N, T, D]
-  return project(o_proj, attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_}));
+  const torch::Tensor weights = torch::softmax(scores.to(torch::kFloat32) + mask, -1).to(query.scalar_type());
+  const torch::Tensor attended = grouped_matmul(weights, value, /*transpose_shared=*/false);  // [B, N, T, D]
+  return attended.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_});
+}
+
+torch::Tensor AttentionImpl::forward_shared(const torch::Tensor& hidden, const SharedAttentionInputs& inputs) {
+  const int64_t prompts = inputs.prompts, prompt_positions = inputs.prompt_positions;
+  const int64_t responses = inputs.responses, response_positions = inputs.response_positions;
+  const int64_t tokens = hidden.size(0), width = heads_ + 2 * kv_heads_;
+  // As forward, with the packed tokens as one axis: [tokens, N + 2 KV, D], RoPE on the query and key heads.
+  const torch::Tensor qkv = qkv_.forward(hidden).view({tokens, width, head_dim_});
+  const std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({heads_ + kv_heads_, kv_heads_}, 1);
+  const torch::Tensor rotated = torch::cat({apply_rotary(qk_v[0], inputs.cos, inputs.sin), qk_v[1]}, 1);
+  // Padded for attention: [rows x positions, N + 2 KV, D], zero where no token is (those slots are masked or their
+  // outputs dropped), then heads first, [rows, N + 2 KV, positions, D], split into q, k, v.
+  const auto padded = [&](const torch::Tensor& packed, const torch::Tensor& slots, int64_t rows, int64_t positions) {
+    const torch::Tensor layout =
+        torch::zeros({rows * positions, width, head_dim_}, packed.options()).index_copy(0, slots, packed);
+    return layout.view({rows, positions, width, head_dim_})
+        .transpose(1, 2)
+        .split_with_sizes({heads_, kv_heads_, kv_heads_}, 1);
+  };
+  // Back to the packed tokens: [rows, positions, N D] -> [tokens of those rows, N D].
+  const auto packed = [&](const torch::Tensor& out, const torch::Tensor& slots) {
+    return out.reshape({-1, heads_ * head_dim_}).index_select(0, slots);
+  };
+  const int64_t prompt_tokens = inputs.prompt_tokens;
+  const std::vector<torch::Tensor> prompt =
+      padded(rotated.narrow(0, 0, prompt_tokens), inputs.prompt_slots, prompts, prompt_positions);
+  std::vector<torch::Tensor> parts{
+      packed(attend(prompt[0], prompt[1], prompt[2], inputs.prompt_mask), inputs.prompt_slots)};
+  if (tokens > prompt_tokens) {
+    const std::vector<torch::Tensor> response = padded(rotated.narrow(0, prompt_tokens, tokens - prompt_tokens),
+                                                       inputs.response_slots, responses, response_positions);
+    // Each row's keys and values: its prompt's P, then its own R.
+    const torch::Tensor key = torch::cat({prompt[1].index_select(0, inputs.row_prompt), response[1]}, 2);
+    const torch::Tensor value = torch::cat({prompt[2].index_select(0, inputs.row_prompt), response[2]}, 2);
+    parts.push_back(packed(attend(response[0], key, value, inputs.response_mask), inputs.response_slots));
+  }
+  return project(o_proj, torch::cat(parts, 0));
 }
 
 MLPImpl::MLPImpl(const Config& config) {
@@ -214,6 +257,11 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& config) {
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& hidden, const AttentionInputs& inputs,
                                         AttentionCache* cache, int64_t layer) {
   const torch::Tensor attended = hidden + self_attn(input_layernorm(hidden), inputs, cache, layer);
+  return attended + mlp(post_attention_layernorm(attended));
+}
+
+torch::Tensor DecoderLayerImpl::forward_shared(const torch::Tensor& hidden, const SharedAttentionInputs& inputs) {
+  const torch::Tensor attended = hidden + self_attn->forward_shared(input_layernorm(hidden), inputs);
   return attended + mlp(post_attention_layernorm(attended));
 }
 
@@ -251,34 +299,42 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
 
 namespace {
 
+// RoPE's cos and sin [..., D] in `dtype`, sin's first half negated (apply_rotary's sign).
+std::pair<torch::Tensor, torch::Tensor> rotary_input(const torch::Tensor& cos, const torch::Tensor& sin,
+                                                     torch::ScalarType dtype) {
+  const int64_t half = sin.size(-1) / 2;
+  return {cos.to(dtype), torch::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1).to(dtype)};
+}
+
+// The mask [B, 1, T, S] (float32, or undefined: causal) in the form the attention path takes (AttentionInputs::mask).
+torch::Tensor mask_input(const torch::Tensor& mask, torch::ScalarType dtype, int64_t groups, int64_t positions,
+                         torch::Device device) {
+  if (sdpa_on(device)) {
+    if (!mask.defined()) return {};  // is_causal
+    // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
+    const double lowest = dtype == torch::kBFloat16 ? -3.38e38
+                          : dtype == torch::kHalf   ? -65504.0
+                                                    : static_cast<double>(std::numeric_limits<float>::lowest());
+    torch::Tensor cast = mask.clamp_min(lowest).to(dtype);
+    // Folded query heads (AttentionImpl): row g T + t of a key/value head is query head g's position t.
+    if (groups > 1 && positions > 1) cast = cast.repeat({1, 1, groups, 1});
+    return cast;
+  }
+  if (mask.defined()) return mask;
+  // causal: query t sees keys s <= t; one [1, 1, T, T] for every row
+  return torch::full({positions, positions}, std::numeric_limits<float>::lowest(),
+                     torch::TensorOptions().device(device).dtype(torch::kFloat32))
+      .triu(1)
+      .view({1, 1, positions, positions});
+}
+
 // cos, sin and the mask as every layer reads them (AttentionInputs), made once per forward. `dtype`: what the
 // projections compute in (autocast's dtype where it is on, else the weights').
 AttentionInputs attention_inputs(const torch::Tensor& mask, const torch::Tensor& cos, const torch::Tensor& sin,
                                  torch::ScalarType dtype, int64_t groups, int64_t positions) {
   AttentionInputs inputs;
-  const int64_t half = sin.size(-1) / 2;
-  inputs.cos = cos.unsqueeze(1).to(dtype);
-  inputs.sin = torch::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1).unsqueeze(1).to(dtype);
-  const auto device = cos.device();
-  if (sdpa_on(device)) {
-    if (!mask.defined()) return inputs;  // is_causal
-    // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
-    const double lowest = dtype == torch::kBFloat16 ? -3.38e38
-                          : dtype == torch::kHalf   ? -65504.0
-                                                    : static_cast<double>(std::numeric_limits<float>::lowest());
-    inputs.mask = mask.clamp_min(lowest).to(dtype);
-    // Folded query heads (AttentionImpl): row g T + t of a key/value head is query head g's position t.
-    if (groups > 1 && positions > 1) inputs.mask = inputs.mask.repeat({1, 1, groups, 1});
-    return inputs;
-  }
-  if (mask.defined()) {
-    inputs.mask = mask;
-  } else {  // causal: query t sees keys s <= t; one [1, 1, T, T] for every row
-    inputs.mask = torch::full({positions, positions}, std::numeric_limits<float>::lowest(),
-                              torch::TensorOptions().device(device).dtype(torch::kFloat32))
-                      .triu(1)
-                      .view({1, 1, positions, positions});
-  }
+  std::tie(inputs.cos, inputs.sin) = rotary_input(cos.unsqueeze(1), sin.unsqueeze(1), dtype);
+  inputs.mask = mask_input(mask, dtype, groups, positions, cos.device());
   return inputs;
 }
 
@@ -305,6 +361,108 @@ torch::Tensor Qwen2ModelImpl::forward_with_mask(const torch::Tensor& input_ids, 
       hidden = checkpointed(run, hidden, layer->parameters());
     } else {
       hidden = layer->forward(hidden, inputs, cache, i);
+    }
+  }
+  return norm(hidden);
+}
+
+namespace {
+
+// The int64 values of a 1-d tensor, on the host.
+std::vector<int64_t> host_values(const torch::Tensor& tensor) {
+  const torch::Tensor host = tensor.to(torch::kCPU, torch::kInt64).contiguous();
+  return {host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel()};
+}
+
+}  // namespace
+
+torch::Tensor Qwen2ModelImpl::forward_shared(const SharedPromptBatch& batch) {
+  const torch::Tensor& prompt_ids = batch.prompt_ids;
+  const torch::Tensor& response_ids = batch.response_ids;
+  TORCH_CHECK(prompt_ids.dim() == 2 && prompt_ids.size(0) > 0 && prompt_ids.size(1) > 0,
+              "forward_shared: prompt_ids has shape ", prompt_ids.sizes(), ", expected [Pn, P] with Pn, P >= 1");
+  TORCH_CHECK(response_ids.dim() == 2, "forward_shared: response_ids has shape ", response_ids.sizes(),
+              ", expected [Rn, R]");
+  const int64_t prompts = prompt_ids.size(0), prompt_positions = prompt_ids.size(1);
+  const int64_t responses = response_ids.size(0), response_positions = response_ids.size(1);
+  const auto sized = [](const torch::Tensor& tensor, int64_t count, const char* name) {
+    TORCH_CHECK(tensor.dim() == 1 && tensor.size(0) == count, "forward_shared: ", name, " has shape ", tensor.sizes(),
+                ", expected [", count, "]");
+    return host_values(tensor);
+  };
+  const std::vector<int64_t> prompt_lengths = sized(batch.prompt_lengths, prompts, "prompt_lengths");
+  const std::vector<int64_t> response_lengths = sized(batch.response_lengths, responses, "response_lengths");
+  const std::vector<int64_t> row_prompt = sized(batch.row_prompt, responses, "row_prompt");
+  // The packed tokens (real ones: each prompt's, then each response row's), their positions, and their slots in the
+  // padded [Pn x P] and [Rn x R] layouts.
+  std::vector<int64_t> prompt_slots, response_slots, positions;
+  for (int64_t p = 0; p < prompts; ++p) {
+    const int64_t length = prompt_lengths[static_cast<std::size_t>(p)];
+    TORCH_CHECK(length >= 1 && length <= prompt_positions, "forward_shared: prompt ", p, " has length ", length,
+                ", expected 1..", prompt_positions);
+    for (int64_t s = 0; s < length; ++s) {
+      prompt_slots.push_back(p * prompt_positions + s);
+      positions.push_back(s);
+    }
+  }
+  for (int64_t r = 0; r < responses; ++r) {
+    const int64_t length = response_lengths[static_cast<std::size_t>(r)], p = row_prompt[static_cast<std::size_t>(r)];
+    TORCH_CHECK(length >= 0 && length <= response_positions, "forward_shared: response ", r, " has length ", length,
+                ", expected 0..", response_positions);
+    TORCH_CHECK(p >= 0 && p < prompts, "forward_shared: response ", r, " continues prompt ", p, ", expected 0..",
+                prompts - 1);
+    for (int64_t k = 0; k < length; ++k) {
+      response_slots.push_back(r * response_positions + k);
+      positions.push_back(prompt_lengths[static_cast<std::size_t>(p)] + k);
+    }
+  }
+  const auto device = embed_tokens->weight.device();
+  const auto on = torch::TensorOptions().device(device).dtype(torch::kInt64);
+  const auto to_device = [&](const std::vector<int64_t>& values) {
+    return torch::tensor(values, torch::kInt64).to(device);
+  };
+  SharedAttentionInputs inputs;
+  inputs.prompts = prompts;
+  inputs.prompt_positions = prompt_positions;
+  inputs.responses = responses;
+  inputs.response_positions = response_positions;
+  inputs.prompt_tokens = static_cast<int64_t>(prompt_slots.size());
+  inputs.prompt_slots = to_device(prompt_slots);
+  inputs.response_slots = to_device(response_slots);
+  inputs.row_prompt = to_device(row_prompt);
+  const torch::Tensor ids = torch::cat({prompt_ids.to(on).reshape({-1}).index_select(0, inputs.prompt_slots),
+                                        response_ids.to(on).reshape({-1}).index_select(0, inputs.response_slots)});
+  torch::Tensor hidden = embed_tokens(ids);                               // [tokens, H]
+  const auto [cos, sin] = rotary_emb(to_device(positions).unsqueeze(0));  // [1, tokens, D]
+  const torch::ScalarType dtype = active_autocast_dtype(device).value_or(hidden.scalar_type());
+  const int64_t groups = config_.num_attention_heads / config_.num_key_value_heads;
+  std::tie(inputs.cos, inputs.sin) = rotary_input(cos.squeeze(0).unsqueeze(1), sin.squeeze(0).unsqueeze(1), dtype);
+  inputs.prompt_mask = mask_input(torch::Tensor(), dtype, groups, prompt_positions, device);
+  if (responses > 0 && response_positions > 0) {
+    // Response query t of row r sees its prompt's real keys (s < its length) and its own keys 0..t.
+    const torch::Tensor row_lengths = batch.prompt_lengths.to(on).index_select(0, inputs.row_prompt);  // [Rn]
+    const torch::Tensor prompt_keys =
+        (torch::arange(prompt_positions, on).unsqueeze(0) < row_lengths.unsqueeze(1))  // [Rn, P]
+            .unsqueeze(1)
+            .expand({responses, response_positions, prompt_positions});
+    const torch::Tensor own_keys =
+        (torch::arange(response_positions, on).unsqueeze(0) <= torch::arange(response_positions, on).unsqueeze(1))
+            .unsqueeze(0)
+            .expand({responses, response_positions, response_positions});
+    const torch::Tensor allowed = torch::cat({prompt_keys, own_keys}, 2).unsqueeze(1);  // [Rn, 1, R, P + R]
+    const torch::Tensor mask =
+        torch::zeros(allowed.sizes(), torch::TensorOptions().device(device).dtype(torch::kFloat32))
+            .masked_fill(~allowed, std::numeric_limits<float>::lowest());
+    inputs.response_mask = mask_input(mask, dtype, groups, response_positions, device);
+  }
+  const bool checkpoint = gradient_checkpointing_ && torch::GradMode::is_enabled();
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::shared_ptr<DecoderLayerImpl> layer = layers->ptr<DecoderLayerImpl>(static_cast<std::size_t>(i));
+    if (checkpoint) {
+      const auto run = [layer, inputs](const torch::Tensor& x) { return layer->forward_shared(x, inputs); };
+      hidden = checkpointed(run, hidden, layer->parameters());
+    } else {
+      hidden = layer->forward_shared(hidden, inputs);
     }
   }
   return norm(hidden);

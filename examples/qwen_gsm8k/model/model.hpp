@@ -63,15 +63,37 @@ struct AttentionInputs {
   torch::Tensor mask;
 };
 
+// What every layer's attention reads in a shared-prompt forward (Qwen2ModelImpl::forward_shared). The tokens are
+// packed, real ones only: every prompt's, then every response row's. Attention alone sees them padded: prompts as
+// [Pn, P] and responses as [Rn, R], right-padded, through the packed index of each padded slot that holds a token.
+struct SharedAttentionInputs {
+  torch::Tensor cos, sin;  // [tokens, 1, D], as AttentionInputs' (sin's first half negated)
+  int64_t prompts = 0, prompt_positions = 0, responses = 0, response_positions = 0;  // Pn, P, Rn, R
+  int64_t prompt_tokens = 0;  // the packed prompt tokens (the response rows' come after them)
+  // Slot s of the padded [Pn x P] (or [Rn x R]) layout, for each packed prompt (response) token, on the device.
+  torch::Tensor prompt_slots, response_slots;
+  torch::Tensor row_prompt;  // [Rn] int64 on the device: each response row's prompt
+  // The prompts' causal attention (undefined for SDPA's is_causal), and the responses' mask over [their prompt's P
+  // keys, their own R keys] (padding of the prompt and the future masked), both as AttentionInputs::mask.
+  torch::Tensor prompt_mask, response_mask;
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const Config& config);
   // hidden [B, T, H]; cache may be null.
   torch::Tensor forward(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache,
                         int64_t layer);
+  // hidden [tokens, H] packed as SharedAttentionInputs says: the prompts attend causally to themselves, each response
+  // row to its prompt's keys and values (gathered per row, so the gradient through them is the sum of the rows') and
+  // to its own causal past. Returns [tokens, H].
+  torch::Tensor forward_shared(const torch::Tensor& hidden, const SharedAttentionInputs& inputs);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
+  // query [B, N, T, D] against key, value [B, KV, S, D] with `mask` (AttentionInputs::mask) -> [B, T, N D]
+  torch::Tensor attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                       const torch::Tensor& mask) const;
   int64_t heads_, kv_heads_, head_dim_;
   FusedLinears qkv_;  // q_proj, k_proj, v_proj as one product
 };
@@ -93,6 +115,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   explicit DecoderLayerImpl(const Config& config);
   torch::Tensor forward(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache,
                         int64_t layer);
+  torch::Tensor forward_shared(const torch::Tensor& hidden, const SharedAttentionInputs& inputs);
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -107,6 +130,16 @@ torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask);
 // device synchronisation off the CPU: pass the host copy where there is one).
 bool right_padded(const torch::Tensor& attention_mask);
 
+// Rows that share prompts, for one forward with each prompt computed once (the training forward of a group's G
+// responses: verl's PrefixGrouper). Every response row sits after its prompt: positions prompt length + k.
+struct SharedPromptBatch {
+  torch::Tensor prompt_ids;        // [Pn, P] int64, each prompt's real tokens first (right padding)
+  torch::Tensor prompt_lengths;    // [Pn] int64: real tokens of each prompt, 1..P
+  torch::Tensor response_ids;      // [Rn, R] int64, right-padded
+  torch::Tensor response_lengths;  // [Rn] int64: real tokens of each response, 0..R
+  torch::Tensor row_prompt;        // [Rn] int64: the prompt each response row continues, 0..Pn-1
+};
+
 class Qwen2ModelImpl : public torch::nn::Module {
  public:
   explicit Qwen2ModelImpl(const Config& config);
@@ -120,6 +153,11 @@ class Qwen2ModelImpl : public torch::nn::Module {
   // come first (right padding): their outputs are those of the padding mask; padded positions compute garbage.
   torch::Tensor forward_with_mask(const torch::Tensor& input_ids, const torch::Tensor& mask,
                                   const torch::Tensor& position_ids, AttentionCache* cache);
+  // The final-normed hidden states of a SharedPromptBatch's real tokens, packed [sum of prompt lengths + sum of
+  // response lengths, H]: every prompt's tokens in order, then every response row's. They are what each row's own
+  // forward (prompt + response, right-padded) gives, within rounding. The per-token work (norms, products) runs on
+  // these tokens only, no padding; attention on padded views of them. Gradient checkpointing as in forward.
+  torch::Tensor forward_shared(const SharedPromptBatch& batch);
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};

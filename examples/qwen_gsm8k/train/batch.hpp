@@ -26,9 +26,10 @@ struct BatchRow {
 };
 
 struct PaddedBatch {
-  torch::Tensor input_ids;       // [B, L] int64, pad_id after each row's end
-  torch::Tensor attention_mask;  // [B, L] int64
-  torch::Tensor loss_mask;       // [B, L - 1] bool: the target is a response token that counts in the loss
+  torch::Tensor input_ids;              // [B, L] int64, pad_id after each row's end
+  torch::Tensor attention_mask;         // [B, L] int64
+  torch::Tensor loss_mask;              // [B, L - 1] bool: the target is a response token that counts in the loss
+  std::vector<int64_t> prompt_lengths;  // [B]: each row's prompt tokens (its response starts there)
 };
 
 PaddedBatch pad_rows(const std::vector<BatchRow>& rows, int64_t pad_id);
@@ -69,10 +70,30 @@ torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& inpu
                               const LogprobOptions& options, double* entropy_sum = nullptr,
                               torch::Tensor* entropy = nullptr);
 
+// target_logprobs with each distinct prompt among the rows computed once (the shared-prompt forward,
+// Qwen2ModelImpl::forward_shared): rows whose first prompt_lengths[b] tokens are the same (a group's G responses)
+// share them; every other position is each row's own. The logits at a prompt's last position, which predict each of
+// its rows' first response token, are computed once too. Tensors on the host, rows right-padded; every loss_mask
+// target must be a response token (position >= prompt length - 1): std::invalid_argument naming the row otherwise.
+// The same log-probs (and entropy) as target_logprobs within rounding: the products are the same, summed in
+// another order.
+// The rows (right-padded, on the host) as the shared-prompt forward takes them: one prompt per distinct prompt
+// (its first prompt_lengths[b] tokens), in order of first appearance, and every row's response.
+SharedPromptBatch shared_prompt_batch(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                      const std::vector<int64_t>& prompt_lengths);
+torch::Tensor shared_prompt_target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                            const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                            const std::vector<int64_t>& prompt_lengths, const LogprobOptions& options,
+                                            double* entropy_sum = nullptr, torch::Tensor* entropy = nullptr);
+
 // The same, scattered back to [B, L - 1] with 0 outside loss_mask (entropy too).
 torch::Tensor response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
                                 const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
                                 const LogprobOptions& options, double* entropy_sum = nullptr,
                                 torch::Tensor* entropy = nullptr);
+torch::Tensor shared_prompt_response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                              const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                              const std::vector<int64_t>& prompt_lengths, const LogprobOptions& options,
+                                              double* entropy_sum = nullptr, torch::Tensor* entropy = nullptr);
 
 }  // namespace qwen

@@ -134,6 +134,7 @@ nlohmann::json TrainOptions::to_json() const {
                        : *autocast == torch::kBFloat16 ? "bfloat16"
                                                        : "float16"},
           {"gradient_checkpointing", gradient_checkpointing},
+          {"shared_prompt", shared_prompt},
           {"cuda_graphs", cuda_graphs},
           {"eval_every", eval_every},
           {"eval_problems", eval_problems},

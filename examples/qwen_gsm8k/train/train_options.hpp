@@ -97,6 +97,10 @@ struct TrainOptions {
   // layer's input only and recomputes the layer in the backward (model/gradient_checkpointing.hpp). Same gradients,
   // activations of one layer instead of all, about one more forward per update.
   bool gradient_checkpointing = false;
+  // The update's forward passes (old, reference and training log-probs) compute each distinct prompt of a
+  // micro-batch once, its responses attending to it (verl's PrefixGrouper; Qwen2ModelImpl::forward_shared): prompt +
+  // G x response tokens instead of G x (prompt + response). The same log-probs and gradients within rounding.
+  bool shared_prompt = true;
   int64_t max_rollout_rows = 0;  // the generation engine's slots (vLLM's max_num_seqs); 0: every row of a round
   // On CUDA, decode steps as CUDA graphs (EngineOptions::cuda_graphs; vLLM's default, its enforce_eager = false).
   bool cuda_graphs = true;

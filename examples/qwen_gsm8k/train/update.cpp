@@ -157,6 +157,26 @@ LogprobOptions PolicyUpdate::logprob_options() const {
           .autocast = options.autocast};
 }
 
+torch::Tensor micro_batch_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
+                                   const LogprobOptions& options, bool shared_prompt, double* entropy_sum,
+                                   torch::Tensor* entropy) {
+  const torch::Tensor ids = micro.take(padded.input_ids).narrow(1, 0, micro.length);
+  const torch::Tensor attention = micro.take(padded.attention_mask).narrow(1, 0, micro.length);
+  const torch::Tensor mask = micro.take(padded.loss_mask).narrow(1, 0, micro.length - 1);
+  if (!shared_prompt || padded.prompt_lengths.empty()) {
+    return response_logprobs(policy, ids, attention, mask, options, entropy_sum, entropy);
+  }
+  std::vector<int64_t> prompt_lengths;
+  prompt_lengths.reserve(micro.rows.size());
+  for (const int64_t row : micro.rows) prompt_lengths.push_back(padded.prompt_lengths[static_cast<std::size_t>(row)]);
+  return shared_prompt_response_logprobs(policy, ids, attention, mask, prompt_lengths, options, entropy_sum, entropy);
+}
+
+torch::Tensor PolicyUpdate::micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
+                                           double* entropy_sum, torch::Tensor* entropy) const {
+  return micro_batch_logprobs(policy, padded, micro, logprob_options(), options.shared_prompt, entropy_sum, entropy);
+}
+
 // Without grad, on the same micro-batch slices the updates use, for every mini-batch but the first: nothing has
 // changed the weights before the first update, so its own forward gives those log-probs (update_mini_batch). The
 // forward with and without grad is the same arithmetic (the tests check the log-probs are bitwise equal), so the
@@ -172,10 +192,7 @@ void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<Min
   for (std::size_t m = first_too ? 0 : 1; m < plan.size(); ++m) {
     for (const MicroBatch& micro : plan[m].logprob_micro_batches) {
       double entropy = 0.0;
-      const torch::Tensor logp =
-          response_logprobs(model, micro.take(padded.input_ids).narrow(1, 0, micro.length),
-                            micro.take(padded.attention_mask).narrow(1, 0, micro.length),
-                            micro.take(padded.loss_mask).narrow(1, 0, micro.length - 1), logprob_options(), &entropy);
+      const torch::Tensor logp = micro_logprobs(model, padded, micro, &entropy);
       micro.put(batch.old_logp, logp);
       sums.entropy_by_micro_batch[m].push_back(entropy);
     }
@@ -189,10 +206,7 @@ void PolicyUpdate::compute_ref_logprobs(TrainBatch& batch, const std::vector<Min
   torch::NoGradGuard no_grad;
   for (const MiniBatch& mini : plan) {
     for (const MicroBatch& micro : mini.logprob_micro_batches) {
-      const torch::Tensor logp =
-          response_logprobs(*reference, micro.take(padded.input_ids).narrow(1, 0, micro.length),
-                            micro.take(padded.attention_mask).narrow(1, 0, micro.length),
-                            micro.take(padded.loss_mask).narrow(1, 0, micro.length - 1), logprob_options());
+      const torch::Tensor logp = micro_logprobs(*reference, padded, micro);
       micro.put(batch.ref_logp, logp);
     }
   }
@@ -294,9 +308,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
     double entropy = 0.0;
     torch::Tensor token_entropy;
     const torch::Tensor logp =
-        response_logprobs(model, rows(padded.input_ids).narrow(1, 0, micro.length),
-                          rows(padded.attention_mask).narrow(1, 0, micro.length), mask, logprob_options(),
-                          first ? &entropy : nullptr, entropy_term ? &token_entropy : nullptr);
+        micro_logprobs(model, padded, micro, first ? &entropy : nullptr, entropy_term ? &token_entropy : nullptr);
     if (first) {
       micro.put(batch.old_logp, logp.detach());
       sums.entropy_by_micro_batch.front().push_back(entropy);

@@ -77,6 +77,13 @@ std::vector<std::vector<int64_t>> pack_rows_by_tokens(const std::vector<int64_t>
                                                       const std::vector<int64_t>& lengths, int64_t max_tokens,
                                                       const char* where);
 
+// A micro-batch's log-probs [rows, length - 1] under `policy`, 0 outside its loss mask (entropy likewise), as every
+// pass of the update computes them: with the shared-prompt forward (each distinct prompt among its rows once,
+// TrainOptions::shared_prompt) when `shared_prompt` and the batch has its rows' prompt lengths, else each row whole.
+torch::Tensor micro_batch_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
+                                   const LogprobOptions& options, bool shared_prompt, double* entropy_sum = nullptr,
+                                   torch::Tensor* entropy = nullptr);
+
 // Gradients set to none (PyTorch's zero_grad(set_to_none=True); LibTorch 1.13's zero_grad only zeroes them): their
 // memory, as much as the weights', goes back, so rollouts and the no-grad passes never hold it; the next backward
 // allocates them afresh. The update does this before and after every optimizer step.
@@ -112,6 +119,8 @@ struct PolicyUpdate {
  private:
   struct Sums;
   LogprobOptions logprob_options() const;
+  torch::Tensor micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
+                               double* entropy_sum = nullptr, torch::Tensor* entropy = nullptr) const;
   void compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, bool first_too, Sums& sums);
   void compute_ref_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan);
   void gather_old_logprobs(TrainBatch& batch) const;
