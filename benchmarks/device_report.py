@@ -136,6 +136,19 @@ def main(argv):
         plan = step.get("memory_plan") or {}
         add(label, "memory plan's peak, GiB", number(_gib(plan.get("peak_bytes")), 2))
 
+    shared = merged.get("shared_prompt.json")
+    if shared:
+        label = "update, each group's prompt once"
+        add(label, "settings", f'{shared.get("shape")} on {shared.get("device", "cpu")}, autocast '
+            f'{shared.get("autocast", "off")}, prompt ~{shared.get("prompt")}, responses ~{shared.get("response")}')
+        for result in shared.get("results") or []:
+            g = result.get("rollout_n")
+            add(label, f"G = {g}: update tokens/s, each row whole -> shared (speed-up)",
+                f'{number(result.get("tokens_per_second"))} -> {number(result.get("shared_tokens_per_second"))} '
+                f'({number(result.get("speedup"), 2)}x)')
+            add(label, f"G = {g}: peak memory, GiB, whole -> shared",
+                f'{number(_gib(result.get("peak_bytes")), 2)} -> {number(_gib(result.get("shared_peak_bytes")), 2)}')
+
     fixture = merged.get("fixture.json")
     if fixture:
         add("fidelity", "transformers / PyTorch", f'{fixture.get("transformers")} / {fixture.get("torch")}')

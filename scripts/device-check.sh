@@ -6,7 +6,8 @@
 #               tests/fixtures/transformers was made in the sid root (build-device/transformers-fixture)
 #   cuda_tests  the CUDA and transformers test cases, their measured differences kept for the report
 #   generate    our generate() against transformers' generate() at the Qwen2.5-1.5B shape in bfloat16
-#   step        one DAPO step at that shape with the seed's settings, and one at a larger, verl-like scale
+#   step        one DAPO step at that shape with the seed's settings, and one at a larger, verl-like scale; the
+#               update with each group's prompt computed once against each row whole (shared_prompt_bench)
 #   checkpoint  a short demo on the GPU saves a checkpoint; transformers loads it (from_pretrained) and its outputs
 #               on it become a golden that our model must reproduce
 #   demo        the built-in demo on the GPU: accuracy before/after, wall time
@@ -127,8 +128,8 @@ stage_build() {
     tail -40 "$work/configure.log"; return 1; }
   grep -E '^-- dapo:|Found Torch|CUDA' "$work/configure.log" | head -20
   local wanted=(dapo_core_tests dapo_torch_tests qwen_text_tests qwen_model_tests qwen_train_tests checkpoint_writer
-                distributed_worker launcher_worker qwen_gsm8k generate_bench step_bench dapo_kernel_abi_test
-                dapo_torch_ops)
+                distributed_worker launcher_worker qwen_gsm8k generate_bench step_bench shared_prompt_bench
+                dapo_kernel_abi_test dapo_torch_ops)
   local targets=() target
   for target in "${wanted[@]}"; do  # those this configuration has (dapo_kernel_abi_test needs nvcc)
     find "$build" -type d -name "$target.dir" -path '*CMakeFiles*' | grep -q . && targets+=("$target")
@@ -210,10 +211,15 @@ stage_step() {
     # 64 prompts x 5 responses, 256 new tokens, mini-batches of 16 prompts in micro-batches of 4.
     "$(bin benchmarks/step_bench)" --shape qwen2.5-1.5b --device cuda --autocast bfloat16 --tokenizer "$tokenizer" \
       --prompts 64 --rollout-n 5 --new-tokens 256 --mini 16 --micro 4 --epochs 1 --steps 1 \
-      --json "$results/step_verl.json"
+      --json "$results/step_verl.json" || return 1
+    # The shared-prompt update at the 1.5B itself: G = 4 (the seed's) and 8, the seed's GSM8K prompt length.
+    "$(bin benchmarks/shared_prompt_bench)" --shape qwen2.5-1.5b --device cuda --autocast bfloat16 --rollout-n 4,8 \
+      --pairs 2 --json "$results/shared_prompt.json"
   else
     "$(bin benchmarks/step_bench)" --shape demo --device cpu --prompts 4 --rollout-n 4 --new-tokens 16 --mini 4 \
-      --epochs 1 --steps 1 --json "$results/step_seed.json"
+      --epochs 1 --steps 1 --json "$results/step_seed.json" || return 1
+    "$(bin benchmarks/shared_prompt_bench)" --shape demo --device cpu --rollout-n 4 --prompt 16 --response 16 \
+      --pairs 1 --json "$results/shared_prompt.json"
   fi
 }
 
@@ -305,7 +311,7 @@ python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' >/dev/nu
 export transformers_importable cuda_available
 
 # Caps in seconds: what each stage may take at most, within what is left of the budget.
-declare -A cap=([deps]=30 [build]=330 [fixture]=60 [cuda_tests]=90 [generate]=120 [step]=150 [checkpoint]=90
+declare -A cap=([deps]=30 [build]=330 [fixture]=60 [cuda_tests]=90 [generate]=120 [step]=180 [checkpoint]=90
                 [demo]=200 [tests]=200)
 ((dry_run)) && cap[build]=$budget  # a cold build on 2 cores takes many minutes; on the GPU machine's 16, two or three
 for stage in ${all_stages//,/ }; do
