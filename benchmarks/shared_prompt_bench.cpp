@@ -34,6 +34,7 @@
 #include "support/device.hpp"
 #include "support/flags.hpp"
 #include "support/harness.hpp"
+#include "support/random_model.hpp"
 #include "support/shapes.hpp"
 
 namespace {
@@ -196,19 +197,9 @@ int64_t activation_peak(qwen::Qwen2ForCausalLM& model, const qwen::TrainBatch& b
 }
 
 void run(const Args& args) {
-  at::set_num_threads(args.threads);
-  torch::manual_seed(0);
-  const qwen::Config config = dapo::bench::model_shape(args.shape);
-  const int blas_threads = qwen::set_blas_threads(qwen::blas_threads_for(config.hidden_size, args.threads));
-  qwen::Qwen2ForCausalLM model(config);
-  model->to(args.device);
-  qwen::initialize_weights(model);
+  auto [config, model, blas_threads, parameters] = dapo::bench::random_model(args.shape, args.device, args.threads);
   std::vector<torch::Tensor> saved;
-  int64_t parameters = 0;
-  for (const auto& p : model->parameters()) {
-    saved.push_back(p.detach().clone());
-    parameters += p.numel();
-  }
+  for (const auto& p : model->parameters()) saved.push_back(p.detach().clone());
   std::printf(
       "update with and without the shared prompt, %s shape (%.1fM parameters), %s on %s; %d groups, prompts ~%d "
       "tokens, responses ~%d; %d threads (OpenBLAS %d), %s allocator\n",

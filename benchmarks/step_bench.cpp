@@ -34,6 +34,7 @@
 #include "support/device.hpp"
 #include "support/flags.hpp"
 #include "support/harness.hpp"
+#include "support/random_model.hpp"
 #include "support/shapes.hpp"
 
 namespace {
@@ -175,17 +176,7 @@ void report(const Args& args, const StepTimes& times, int64_t parameters, const 
 }
 
 void run(const Args& args) {
-  at::set_num_threads(args.threads);
-  torch::manual_seed(0);
-  const qwen::Config config = dapo::bench::model_shape(args.shape);
-  const int blas_threads = qwen::set_blas_threads(qwen::blas_threads_for(config.hidden_size, args.threads));
-  qwen::Qwen2ForCausalLM model(config);
-  // On the device before the random fill (quick there for a 1.5B model); on the CPU the weights are those of the
-  // earlier versions of this benchmark (the fill follows the construction's draws, as before).
-  model->to(args.device);
-  qwen::initialize_weights(model);
-  int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
+  auto [config, model, blas_threads, parameters] = dapo::bench::random_model(args.shape, args.device, args.threads);
   const qwen::Tokenizer tokenizer = args.shape == "demo"
                                         ? qwen::Tokenizer::byte_level({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
                                         : qwen::Tokenizer::from_directory(args.tokenizer_dir);
