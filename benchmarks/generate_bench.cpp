@@ -1,9 +1,11 @@
-// Greedy decoding speed of qwen::generate (KV cache) on a random model of a named shape, against the memory-bandwidth
-// bound of a decode step: every step reads all weights and the KV cache once, so at batch B a step cannot take less
-// than (weight bytes + KV bytes) / bandwidth. EOS is ignored (no stop ids): every row decodes --new-tokens tokens.
-// Not a serving benchmark: one batch of prompts, EOS ignored. --decoding sample draws at temperature 1 (seed 0). Then
-// the generation engine on the same prompts: its whole run with eager decode steps and, on CUDA, with each step a
-// CUDA-graph replay (captures included), and whether the graphs' tokens are the eager ones.
+// Decoding speed of the generation engine (the trainer's rollouts) on a random model of a named shape, against the
+// memory-bandwidth bound of a decode step: every step reads all weights and the KV cache once, so at batch B a step
+// cannot take less than (weight bytes + KV bytes) / bandwidth, the bandwidth measured on this device by a streaming
+// copy unless --bandwidth-gbs gives it. EOS is ignored (no stop ids): every row decodes --new-tokens tokens. Not a
+// serving benchmark: one batch of prompts, all in slots at once. --decoding sample draws at temperature 1 (seed 0).
+// The engine runs with eager decode steps and, on CUDA, with each step a CUDA-graph replay (captures included: graphs
+// live for one engine run, as in a rollout round), and the graphs' tokens are compared with the eager ones. Beside it,
+// qwen::generate, the second decode loop (a host read per token), timed the same way.
 // --model DIR loads a Hugging Face model directory instead of a shape's random weights, and --prompts FILE takes the
 // prompts from {"prompts": [[ids]]}: benchmarks/anchors_generate.py runs it so beside transformers' generate() on the
 // same weights and prompts, and compares the tokens (the JSON record holds them).
@@ -16,7 +18,7 @@
 //                       [--bandwidth-gbs GB/s] [--json PATH] [--threads T] [--model DIR] [--prompts FILE]
 //                       [--decoding greedy|sample]
 //   defaults: qwen2.5-1.5b on cuda, bfloat16 on cuda / float32 on cpu, batch 64, prompt 256, 128 new tokens, 3 repeats,
-//   4300 GB/s (H200 HBM3e as commonly achieved by a streaming copy; the data sheet says 4800).
+//   the bandwidth of a device-to-device copy measured here (support/device.hpp: copy_bandwidth_gbs).
 //
 // Shapes: B = batch, P = prompt tokens, N = new tokens.
 #include <torch/torch.h>
@@ -56,7 +58,7 @@ struct Args {
   torch::Device device = torch::kCPU;
   torch::ScalarType dtype = torch::kFloat32;
   int64_t batch = 64, prompt = 256, new_tokens = 128, repeats = 3;
-  double bandwidth_gbs = 4300;
+  std::optional<double> bandwidth_gbs;  // --bandwidth-gbs; else measured
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
@@ -64,7 +66,7 @@ struct Args {
 // when --help printed the flags.
 std::optional<Args> parse_args(int argc, char** argv) {
   Args args;
-  std::string device = "cuda";
+  std::string device = "cuda", bandwidth;
   dapo::bench::Flags flags("generate_bench");
   flags.text("--shape", args.shape, "NAME", "qwen2.5-1.5b, qwen2.5-0.5b, small or demo")
       .text("--device", device, "DEVICE", "cpu, cuda or cuda:N")
@@ -74,13 +76,14 @@ std::optional<Args> parse_args(int argc, char** argv) {
       // At least 2: decode time per step = (t_N - t_1) / (N - 1).
       .integer("--new-tokens", args.new_tokens, 2, "N", "tokens generated per prompt")
       .integer("--repeats", args.repeats, 1, "R", "timed runs, of which the median counts")
-      .positive("--bandwidth-gbs", args.bandwidth_gbs, "GB/s", "memory bandwidth of the bound")
+      .text("--bandwidth-gbs", bandwidth, "GB/s", "memory bandwidth of the bound (default: a copy's, measured here)")
       .text("--json", args.json_path, "PATH", "where the JSON record goes")
       .integer("--threads", args.threads, 1, "T", "CPU threads")
       .text("--model", args.model_dir, "DIR", "a Hugging Face model directory instead of --shape's random weights")
       .text("--prompts", args.prompts_path, "FILE", "JSON {\"prompts\": [[ids]]}: replaces --batch and --prompt")
       .text("--decoding", args.decoding, "MODE", "greedy, or sample (temperature 1, seed 0)");
   if (!flags.parse(argc, argv)) return std::nullopt;
+  if (!bandwidth.empty()) args.bandwidth_gbs = dapo::bench::parse_positive("--bandwidth-gbs", bandwidth);
   if (args.decoding != "greedy" && args.decoding != "sample") {
     throw std::invalid_argument("--decoding is '" + args.decoding + "', expected greedy or sample");
   }
@@ -245,11 +248,13 @@ Timings time_generate(qwen::Qwen2ForCausalLM& model, const Args& args) {
 }
 
 // The generation engine on the same prompts (one sequence each, every slot live, every row to --new-tokens, greedy
-// or sampled at temperature 1), with eager decode steps or CUDA-graph replays: per repeat a whole engine run, the
-// graphs' captures included (they live for one run, as in a rollout round); one warm-up run first.
+// or sampled at temperature 1), with eager decode steps or CUDA-graph replays: per repeat a whole engine run to N new
+// tokens (t_N) and one to 1 (t_1: the prefill and the first token), the graphs' captures included (they live for one
+// run, as in a rollout round); one warm-up of each first. Decode ms per step = (t_N - t_1) / (N - 1).
 struct EngineTiming {
-  std::vector<double> run_ms;
-  qwen::EngineStats stats;
+  std::vector<double> run_ms, prefill_ms, decode_ms_per_step;  // one entry per repeat
+  qwen::EngineStats stats;                                     // of the last full run
+  std::optional<dapo::bench::PeakMemory> peak;
   std::vector<std::vector<int64_t>> tokens;
 };
 
@@ -257,19 +262,48 @@ EngineTiming time_engine(qwen::Qwen2ForCausalLM& model, const Args& args, bool c
   const auto prompts = timed_prompts(model, args);
   std::vector<qwen::EngineRequest> requests;
   for (const auto& prompt : prompts) requests.push_back({.prompt = prompt, .n = 1});
-  qwen::EngineOptions options;
-  options.max_num_seqs = static_cast<int64_t>(requests.size());
-  options.max_new_tokens = args.new_tokens;
-  options.sampling.temperature = args.decoding == "sample" ? 1.0 : 0.0;
-  options.cuda_graphs = cuda_graphs;
+  qwen::EngineOptions full;
+  full.max_num_seqs = static_cast<int64_t>(requests.size());
+  full.max_new_tokens = args.new_tokens;
+  full.sampling.temperature = args.decoding == "sample" ? 1.0 : 0.0;
+  full.cuda_graphs = cuda_graphs;
+  qwen::EngineOptions first = full;
+  first.max_new_tokens = 1;
   EngineTiming timing;
-  std::vector<std::vector<qwen::EngineSequence>> out = qwen::generate_requests(model, requests, options);
+  dapo::bench::synchronize(args.device);
+  dapo::bench::reset_peak_memory(args.device);
+  std::vector<std::vector<qwen::EngineSequence>> out = qwen::generate_requests(model, requests, full);
+  qwen::generate_requests(model, requests, first);
   for (int64_t r = 0; r < args.repeats; ++r) {
-    timing.run_ms.push_back(
-        timed_ms([&] { out = qwen::generate_requests(model, requests, options, &timing.stats); }, args.device));
+    const double t_n =
+        timed_ms([&] { out = qwen::generate_requests(model, requests, full, &timing.stats); }, args.device);
+    const double t_1 = timed_ms([&] { qwen::generate_requests(model, requests, first); }, args.device);
+    timing.run_ms.push_back(t_n);
+    timing.prefill_ms.push_back(t_1);
+    timing.decode_ms_per_step.push_back((t_n - t_1) / static_cast<double>(args.new_tokens - 1));
   }
+  timing.peak = dapo::bench::peak_memory(args.device);
   for (const auto& sequences : out) timing.tokens.push_back(sequences.at(0).tokens);
   return timing;
+}
+
+// One engine mode's record: medians, the bound's fraction, the engine's counts, the peak memory.
+nlohmann::json engine_json(const EngineTiming& timing, double useful_tokens, double bound_ms) {
+  const double run_ms = dapo::bench::median(timing.run_ms);
+  const double decode_ms = dapo::bench::median(timing.decode_ms_per_step);
+  nlohmann::json record{{"run_ms_by_repeat", timing.run_ms},
+                        {"prefill_ms_by_repeat", timing.prefill_ms},
+                        {"tokens_per_second", useful_tokens / (run_ms / 1e3)},
+                        {"decode_ms_per_step", decode_ms},
+                        {"prefill_ms", dapo::bench::median(timing.prefill_ms)},
+                        {"bound_over_measured", bound_ms / decode_ms},
+                        {"decode_calls", timing.stats.decode_calls},
+                        {"prefill_calls", timing.stats.prefill_calls},
+                        {"checks", timing.stats.checks},
+                        {"graph_captures", timing.stats.graph_captures},
+                        {"graph_replays", timing.stats.graph_replays}};
+  record.update(dapo::bench::peak_memory_json(timing.peak));
+  return record;
 }
 
 struct ModelBytes {
@@ -305,6 +339,9 @@ int run(const Args& args) {
   const ModelBytes bytes = model_bytes(model);
 
   const std::string device_name = dapo::bench::device_name(args.device);
+  const double measured_gbs = dapo::bench::copy_bandwidth_gbs(args.device);
+  const std::optional<double> datasheet_gbs = dapo::bench::datasheet_bandwidth_gbs(args.device);
+  const double bandwidth_gbs = args.bandwidth_gbs.value_or(measured_gbs);
   std::printf("generate_bench: %s decoding with the KV cache, %s (%.1fM parameters), %s, %s, EOS ignored\n",
               args.decoding.c_str(), args.shape.c_str(), static_cast<double>(bytes.parameters) / 1e6,
               args.model_dir.empty() ? "random weights" : "weights from the directory", args.dtype_name.c_str());
@@ -312,24 +349,26 @@ int run(const Args& args) {
               dapo::bench::cpu_model().c_str(), device_name.c_str(), args.threads, dapo::bench::allocator().c_str(),
               TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
   std::printf(
+      "bandwidth: %.0f GB/s by a copy here%s; the bound uses %.0f GB/s\n", measured_gbs,
+      datasheet_gbs ? (", " + std::to_string(static_cast<int64_t>(*datasheet_gbs)) + " by the data sheet").c_str() : "",
+      bandwidth_gbs);
+  std::printf(
       "check (float32): cached == recomputed greedy decoding, %lld prompts x %lld tokens, %lld new tokens: "
       "%.0f%% identical, %lld near-tie rows\n",
       static_cast<long long>(check.prompts), static_cast<long long>(check.prompt_tokens),
       static_cast<long long>(check.new_tokens), 100 * check.identical_fraction,
       static_cast<long long>(check.near_ties));
 
+  const EngineTiming engine_eager = time_engine(model, args, false);
+  std::optional<EngineTiming> engine_graphs;
+  if (args.device.is_cuda()) engine_graphs = time_engine(model, args, true);
   dapo::bench::synchronize(args.device);
   dapo::bench::reset_peak_memory(args.device);
   const Timings timings = time_generate(model, args);
   const auto peak = dapo::bench::peak_memory(args.device);
-  const EngineTiming engine_eager = time_engine(model, args, false);
-  std::optional<EngineTiming> engine_graphs;
-  if (args.device.is_cuda()) engine_graphs = time_engine(model, args, true);
 
   const double generate_ms = dapo::bench::median(timings.generate_ms);
-  const double prefill_ms = dapo::bench::median(timings.prefill_ms);
-  const double decode_ms = dapo::bench::median(timings.decode_ms_per_step);
-  const double tokens_per_second = static_cast<double>(args.batch * args.new_tokens) / (generate_ms / 1e3);
+  const double useful_tokens = static_cast<double>(args.batch * args.new_tokens);
   const double element_bytes = static_cast<double>(c10::elementSize(args.dtype));
   const double mean_context = static_cast<double>(args.prompt) + static_cast<double>(args.new_tokens) / 2.0;
   const double kv_bytes =
@@ -337,52 +376,66 @@ int run(const Args& args) {
       static_cast<double>(config.num_hidden_layers * config.num_key_value_heads * config.head_dim() * args.batch) *
       mean_context * element_bytes;
   const double weight_bytes = static_cast<double>(bytes.weight_bytes);
-  const double bound_ms = (weight_bytes + kv_bytes) / (args.bandwidth_gbs * 1e9) * 1e3;
+  const double bound_ms = (weight_bytes + kv_bytes) / (bandwidth_gbs * 1e9) * 1e3;
   const double gib = 1 << 30;
 
-  std::printf("\n%-44s %14s\n", ("median of " + std::to_string(args.repeats) + " repeats").c_str(), "value");
-  const auto row = [](const std::string& name, int decimals, double value) {
-    std::printf("%-44s %14.*f\n", name.c_str(), decimals, value);
-  };
-  std::printf(
-      "%-44s %14s\n", "batch x prompt -> new tokens",
-      (std::to_string(args.batch) + " x " + std::to_string(args.prompt) + " -> " + std::to_string(args.new_tokens))
-          .c_str());
-  row("tokens/s (B*N / t_N)", 1, tokens_per_second);
-  row("decode ms/step ((t_N - t_1) / (N - 1))", 3, decode_ms);
-  row("prefill + first token ms (t_1)", 2, prefill_ms);
-  row("whole generate ms (t_N)", 2, generate_ms);
-  row("weight GiB (tied once)", 3, weight_bytes / gib);
-  row("KV-cache GiB read per step (mean context)", 3, kv_bytes / gib);
-  row("bandwidth bound ms/step @ " + std::to_string(static_cast<int64_t>(args.bandwidth_gbs)) + " GB/s", 3, bound_ms);
-  row("bound / measured", 3, bound_ms / decode_ms);
-  std::printf("%-44s %s\n", "peak device memory", dapo::bench::peak_memory_text(peak, args.device).c_str());
-  const double useful_tokens = static_cast<double>(args.batch * args.new_tokens);
-  const double eager_ms = dapo::bench::median(engine_eager.run_ms);
-  row("engine, eager steps: tokens/s", 1, useful_tokens / (eager_ms / 1e3));
-  nlohmann::json engine_record{{"eager",
-                                {{"run_ms_by_repeat", engine_eager.run_ms},
-                                 {"tokens_per_second", useful_tokens / (eager_ms / 1e3)},
-                                 {"decode_calls", engine_eager.stats.decode_calls}}}};
+  nlohmann::json engine_record{{"eager", engine_json(engine_eager, useful_tokens, bound_ms)}};
   if (engine_graphs) {
-    const double graphs_ms = dapo::bench::median(engine_graphs->run_ms);
     int64_t identical = 0;
     for (std::size_t b = 0; b < engine_graphs->tokens.size(); ++b) {
       identical += engine_graphs->tokens[b] == engine_eager.tokens.at(b) ? 1 : 0;
     }
-    const double identical_fraction = static_cast<double>(identical) / static_cast<double>(args.batch);
-    row("engine, CUDA graphs: tokens/s", 1, useful_tokens / (graphs_ms / 1e3));
-    row("engine, CUDA graphs over eager (speed)", 3, eager_ms / graphs_ms);
-    std::printf("%-44s %lld captured, %lld replayed of %lld steps; %.0f%% of rows identical to eager\n",
+    engine_record["cuda_graphs"] = engine_json(*engine_graphs, useful_tokens, bound_ms);
+    engine_record["cuda_graphs"]["rows_identical_to_eager"] =
+        static_cast<double>(identical) / static_cast<double>(args.batch);
+    engine_record["graphs_over_eager"] =
+        dapo::bench::median(engine_eager.run_ms) / dapo::bench::median(engine_graphs->run_ms);
+  }
+  // The headline: the engine as the trainer runs it here (graphs on CUDA, eager elsewhere).
+  const nlohmann::json& headline = engine_graphs ? engine_record["cuda_graphs"] : engine_record["eager"];
+  const nlohmann::json generate_loop{
+      {"tokens_per_second", useful_tokens / (generate_ms / 1e3)},
+      {"decode_ms_per_step", dapo::bench::median(timings.decode_ms_per_step)},
+      {"prefill_ms", dapo::bench::median(timings.prefill_ms)},
+      {"generate_ms", generate_ms},
+      {"generate_ms_by_repeat", timings.generate_ms},
+      {"prefill_ms_by_repeat", timings.prefill_ms},
+      {"bound_over_measured", bound_ms / dapo::bench::median(timings.decode_ms_per_step)},
+      {"peak_device_memory_bytes", dapo::bench::peak_memory_json(peak)["peak_device_memory_bytes"]}};
+
+  std::printf("\n%-48s %14s\n", ("median of " + std::to_string(args.repeats) + " repeats").c_str(), "value");
+  const auto row = [](const std::string& name, int decimals, double value) {
+    std::printf("%-48s %14.*f\n", name.c_str(), decimals, value);
+  };
+  std::printf(
+      "%-48s %14s\n", "batch x prompt -> new tokens",
+      (std::to_string(args.batch) + " x " + std::to_string(args.prompt) + " -> " + std::to_string(args.new_tokens))
+          .c_str());
+  row("weight GiB (tied once)", 3, weight_bytes / gib);
+  row("KV-cache GiB read per step (mean context)", 3, kv_bytes / gib);
+  row("bandwidth bound ms/step @ " + std::to_string(static_cast<int64_t>(bandwidth_gbs)) + " GB/s", 3, bound_ms);
+  const auto engine_rows = [&](const std::string& mode, const nlohmann::json& record) {
+    row("engine, " + mode + ": tokens/s", 1, record["tokens_per_second"].get<double>());
+    row("engine, " + mode + ": decode ms/step", 3, record["decode_ms_per_step"].get<double>());
+    row("engine, " + mode + ": prefill + first token ms", 2, record["prefill_ms"].get<double>());
+    row("engine, " + mode + ": bound / measured", 3, record["bound_over_measured"].get<double>());
+  };
+  engine_rows("eager steps", engine_record["eager"]);
+  std::printf("%-48s %s\n", "engine, eager steps: peak device memory",
+              dapo::bench::peak_memory_text(engine_eager.peak, args.device).c_str());
+  if (engine_graphs) {
+    engine_rows("CUDA graphs", engine_record["cuda_graphs"]);
+    row("engine, CUDA graphs over eager (speed)", 3, engine_record["graphs_over_eager"].get<double>());
+    std::printf("%-48s %lld captured, %lld replayed of %lld steps; %.0f%% of rows identical to eager\n",
                 "engine, CUDA graphs", static_cast<long long>(engine_graphs->stats.graph_captures),
                 static_cast<long long>(engine_graphs->stats.graph_replays),
-                static_cast<long long>(engine_graphs->stats.decode_calls), 100 * identical_fraction);
-    engine_record["cuda_graphs"] = {
-        {"run_ms_by_repeat", engine_graphs->run_ms},           {"tokens_per_second", useful_tokens / (graphs_ms / 1e3)},
-        {"decode_calls", engine_graphs->stats.decode_calls},   {"graph_captures", engine_graphs->stats.graph_captures},
-        {"graph_replays", engine_graphs->stats.graph_replays}, {"rows_identical_to_eager", identical_fraction}};
-    engine_record["graphs_over_eager"] = eager_ms / graphs_ms;
+                static_cast<long long>(engine_graphs->stats.decode_calls),
+                100 * engine_record["cuda_graphs"]["rows_identical_to_eager"].get<double>());
   }
+  row("generate() loop: tokens/s", 1, generate_loop["tokens_per_second"].get<double>());
+  row("generate() loop: decode ms/step", 3, generate_loop["decode_ms_per_step"].get<double>());
+  std::printf("%-48s %s\n", "generate() loop: peak device memory",
+              dapo::bench::peak_memory_text(peak, args.device).c_str());
   // The backend scaled_dot_product_attention takes for the layers' calls on this device (-1: the eager products):
   // the training forward's causal call (rows of the prompt + new tokens), a decode step's and a prefill's.
   const auto attention_options =
@@ -393,10 +446,10 @@ int run(const Args& args) {
       {"decode",
        qwen::attention_backend(config, args.batch, 1, args.prompt + args.new_tokens, true, attention_options)},
       {"prefill", qwen::attention_backend(config, args.batch, args.prompt, args.prompt, true, attention_options)}};
-  std::printf("%-44s %s (0 math, 1 flash, 2 memory-efficient, 3 cuDNN)\n", "attention backends",
+  std::printf("%-48s %s (0 math, 1 flash, 2 memory-efficient, 3 cuDNN)\n", "attention backends",
               backends.dump().c_str());
 
-  nlohmann::json record{{"benchmark", "greedy generate: decode speed against the bandwidth bound"},
+  nlohmann::json record{{"benchmark", "the generation engine's decode speed against the bandwidth bound"},
                         {"machine", dapo::bench::machine()},
                         {"device", args.device.str()},
                         {"device_name", device_name},
@@ -411,7 +464,10 @@ int run(const Args& args) {
                         {"new_tokens", args.new_tokens},
                         {"repeats", args.repeats},
                         {"threads", args.threads},
-                        {"bandwidth_gbs", args.bandwidth_gbs},
+                        {"bandwidth_gbs", bandwidth_gbs},
+                        {"bandwidth_source", args.bandwidth_gbs ? "--bandwidth-gbs" : "copy measured here"},
+                        {"copy_bandwidth_gbs", measured_gbs},
+                        {"datasheet_bandwidth_gbs", datasheet_gbs ? nlohmann::json(*datasheet_gbs) : nullptr},
                         {"check",
                          {{"dtype", "float32"},
                           {"prompts", check.prompts},
@@ -419,19 +475,19 @@ int run(const Args& args) {
                           {"new_tokens", check.new_tokens},
                           {"identical_fraction", check.identical_fraction},
                           {"near_tie_rows", check.near_ties}}},
-                        {"tokens_per_second", tokens_per_second},
-                        {"decode_ms_per_step", decode_ms},
-                        {"prefill_ms", prefill_ms},
-                        {"generate_ms", generate_ms},
-                        {"generate_ms_by_repeat", timings.generate_ms},
-                        {"prefill_ms_by_repeat", timings.prefill_ms},
+                        {"engine_mode", engine_graphs ? "cuda_graphs" : "eager"},
+                        {"tokens_per_second", headline["tokens_per_second"]},
+                        {"decode_ms_per_step", headline["decode_ms_per_step"]},
+                        {"prefill_ms", headline["prefill_ms"]},
                         {"weight_bytes", bytes.weight_bytes},
                         {"kv_bytes_per_decode_step", kv_bytes},
                         {"bandwidth_bound_ms_per_step", bound_ms},
-                        {"bound_over_measured", bound_ms / decode_ms},
+                        {"bound_over_measured", headline["bound_over_measured"]},
+                        {"peak_device_memory_bytes", headline["peak_device_memory_bytes"]},
+                        {"peak_device_reserved_bytes", headline["peak_device_reserved_bytes"]},
                         {"attention_backends", backends},
-                        {"engine", engine_record}};
-  record.update(dapo::bench::peak_memory_json(peak));
+                        {"engine", engine_record},
+                        {"generate_loop", generate_loop}};
   std::vector<std::vector<int64_t>> tokens(static_cast<std::size_t>(timings.tokens.size(0)));
   for (int64_t b = 0; b < timings.tokens.size(0); ++b) {
     const torch::Tensor row = timings.tokens[b].contiguous();

@@ -36,6 +36,7 @@
 #include "support/harness.hpp"
 #include "support/random_model.hpp"
 #include "support/shapes.hpp"
+#include "support/update_batch.hpp"
 
 namespace {
 
@@ -74,49 +75,6 @@ std::optional<Args> parse_args(int argc, char** argv) {
   if (args.group_sizes.empty()) throw std::invalid_argument("--rollout-n is empty, expected G,G,... (each >= 2)");
   args.autocast = dapo::bench::parse_autocast(args.autocast_name, args.device);
   return args;
-}
-
-// groups x G rows: prompt p of group g (0.8-1.2x the mean over the groups), responses 0.5-1.5x the mean over a group's
-// rows in a shuffled order; token ids drawn from the vocabulary's first 10,000 (plain text's range).
-qwen::TrainBatch make_batch(const Args& args, int64_t group_size, int64_t vocab) {
-  const int64_t ids = std::min<int64_t>(vocab, 10000);
-  std::vector<qwen::BatchRow> rows;
-  std::vector<float> advantages;
-  uint64_t state = 12345;
-  const auto next = [&state](int64_t below) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(below));
-  };
-  for (int64_t g = 0; g < args.groups; ++g) {
-    const double spread = args.groups > 1 ? static_cast<double>(g) / static_cast<double>(args.groups - 1) : 0.5;
-    const auto prompt_length =
-        std::max<int64_t>(2, std::llround(static_cast<double>(args.prompt) * (0.8 + 0.4 * spread)));
-    std::vector<int64_t> prompt;
-    for (int64_t t = 0; t < prompt_length; ++t) prompt.push_back(next(ids));
-    for (int64_t r = 0; r < group_size; ++r) {
-      const double share = static_cast<double>((r * 7 + g * 3) % group_size) / static_cast<double>(group_size - 1);
-      const auto response = std::max<int64_t>(1, std::llround(static_cast<double>(args.response) * (0.5 + share)));
-      qwen::BatchRow row{prompt, prompt_length, true};
-      for (int64_t t = 0; t < response; ++t) row.tokens.push_back(next(ids));
-      rows.push_back(std::move(row));
-      advantages.push_back(r % 2 == 0 ? 1.0f : -1.0f);
-    }
-  }
-  return qwen::TrainBatch{qwen::pad_rows(rows, 0), torch::tensor(advantages), {}, args.groups, group_size};
-}
-
-qwen::TrainOptions update_options(const Args& args, int64_t group_size, bool shared) {
-  qwen::TrainOptions options;
-  options.train_batch_size = args.groups;
-  options.rollout_n = group_size;
-  options.ppo_mini_batch_size = args.groups;  // one optimizer update
-  options.ppo_micro_batch_size = 1;           // one group per forward and backward
-  options.ppo_epochs = 1;
-  options.autocast = args.autocast;
-  options.shared_prompt = shared;
-  options.lr = 1e-6;
-  options.loss.group_size = group_size;
-  return options;
 }
 
 struct Run {
@@ -211,9 +169,11 @@ void run(const Args& args) {
               "speed-up", "peak MiB", "shared", "act. MiB", "shared");
   nlohmann::json results = nlohmann::json::array();
   for (const int64_t group_size : args.group_sizes) {
-    const qwen::TrainBatch batch = make_batch(args, group_size, config.vocab_size);
-    const qwen::TrainOptions whole_options = update_options(args, group_size, false);
-    const qwen::TrainOptions shared_options = update_options(args, group_size, true);
+    const dapo::bench::UpdateBatchShape shape{args.groups, group_size, args.prompt, args.response};
+    const qwen::TrainBatch batch = dapo::bench::synthetic_update_batch(shape, config.vocab_size);
+    // One group per forward and backward.
+    const qwen::TrainOptions whole_options = dapo::bench::one_update_options(shape, 1, args.autocast, false);
+    const qwen::TrainOptions shared_options = dapo::bench::one_update_options(shape, 1, args.autocast, true);
     whole_options.validate();
     // The check, and the warm-up of both paths.
     const Run check_whole = run_update(model, saved, batch, whole_options, args.device);

@@ -53,11 +53,11 @@ grep -q "dapo: LibTorch .* with CUDA" "$build/configure.log" || {
   exit 1
 }
 # The driver (with everything it links: the fused CUDA loss registration, NCCL and device-guard branches), the
-# kernel's compile test, and the two benchmarks that run on a GPU (support/device.hpp under DAPO_BENCH_CUDA). The
+# kernel's compile test, and the three benchmarks that run on a GPU (support/device.hpp under DAPO_BENCH_CUDA). The
 # tests and the other benchmarks have no CUDA-only code; the LibTorch 2.x leg compiles them. And torch.ops.dapo
 # (python/), the Python extension, against LibTorch 2.6's CUDA headers.
 cmake --build "$build" -j"$(nproc)" --target qwen_gsm8k dapo_cuda_kernels_compile_test generate_bench step_bench \
-  dapo_torch_ops
+  profile_bench dapo_torch_ops
 
 # What was compiled (the build is up to date: every object is current): objects by kind; the registration object must
 # hold the kernel's launch stubs.

@@ -62,11 +62,10 @@ if ((total > limit)); then
 fi
 cat <<EOF
 
-Send (device tool, run):
-  command:   bash scripts/device-check.sh
-  carry:     ["$carry"]
-  timeout_s: 540
-Results come back in \$OUT: report.md (the table for docs/benchmarks.md), results.json, log.txt. A second try on
-the same warm machine reuses build-device/: add --stages with the stages still missing (see scripts/device-check.sh
---help).
+Send (device tool, run), first the headline call, then, if the time allows, the rest on the same warm machine:
+  command:   bash scripts/device-check.sh headline        command:   bash scripts/device-check.sh rest
+  carry:     ["$carry"]                                   carry:     ["$carry"]
+  timeout_s: 450                                          timeout_s: 480 (or --budget SECONDS for less)
+Each brings back in \$OUT what landed, stage by stage: report.md (the table for docs/benchmarks.md), results.json,
+profile.md (headline), log.txt. A call stopped at its limit still brings back every stage that finished before it.
 EOF

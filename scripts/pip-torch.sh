@@ -29,7 +29,7 @@ echo "pip-torch: torch $("$python" -c 'import torch; print(torch.__version__, "C
      "trl $("$python" -c 'import trl; print(trl.__version__)'), $(nvcc --version 2> /dev/null | tail -1 || true)"
 # The tests' programs, the driver, the Python ops, the GPU benchmarks and, with nvcc, the kernel's compile and ABI
 # tests; the text, trainer and consumer tests run in the other legs.
-targets=(dapo_core_tests dapo_torch_tests qwen_model_tests dapo_torch_ops qwen_gsm8k generate_bench step_bench)
+targets=(dapo_core_tests dapo_torch_tests qwen_model_tests dapo_torch_ops qwen_gsm8k generate_bench step_bench profile_bench)
 tests='core|torch|qwen_model|python'
 if ((${#cuda_args[@]})); then
   targets+=(dapo_cuda_kernels_compile_test dapo_kernel_abi_test)

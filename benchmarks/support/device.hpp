@@ -16,11 +16,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "support/harness.hpp"
 
@@ -71,6 +73,38 @@ inline std::string device_name(torch::Device device) {
 #else
   return device.str();
 #endif
+}
+
+// The memory bandwidth a streaming copy reaches on `device`, in GB/s (10^9 bytes), bytes read plus bytes written: what
+// a decode step's bound is measured against on this card (an H100 SXM reaches about 3,000 of its data sheet's 3,350;
+// an H200 about 4,300 of 4,800). A 1 GiB float32 copy on a GPU (256 MiB on the CPU), one warm-up, the median of 5.
+inline double copy_bandwidth_gbs(torch::Device device) {
+  const int64_t bytes = device.is_cuda() ? (int64_t{1} << 30) : (int64_t{256} << 20);
+  const auto options = torch::TensorOptions().device(device).dtype(torch::kFloat32);
+  const at::Tensor source = at::ones({bytes / 4}, options);
+  at::Tensor target = at::empty_like(source);
+  std::vector<double> seconds;
+  for (int repeat = 0; repeat < 6; ++repeat) {
+    synchronize(device);
+    const auto start = std::chrono::steady_clock::now();
+    target.copy_(source);
+    synchronize(device);
+    if (repeat > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 2.0 * static_cast<double>(bytes) / median(seconds) / 1e9;
+}
+
+// The data sheet's memory bandwidth of the GPUs this project is measured on, by the name the driver reports, in GB/s;
+// nullopt for any other device.
+inline std::optional<double> datasheet_bandwidth_gbs([[maybe_unused]] torch::Device device) {
+#if defined(DAPO_BENCH_CUDA)
+  if (device.is_cuda()) {
+    const std::string name = at::cuda::getDeviceProperties(device.index())->name;
+    if (name.find("H200") != std::string::npos) return 4800.0;
+    if (name.find("H100") != std::string::npos) return name.find("PCIe") != std::string::npos ? 2000.0 : 3350.0;
+  }
+#endif
+  return std::nullopt;
 }
 
 // --autocast's value: bfloat16, float16 or off; an empty `name` becomes bfloat16 on CUDA, off elsewhere. Throws

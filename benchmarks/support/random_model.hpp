@@ -25,12 +25,9 @@ struct RandomModel {
 // model; on the CPU the fill follows the construction's draws, so the weights are those the benchmarks always drew).
 inline RandomModel random_model(const std::string& shape, torch::Device device, int threads) {
   at::set_num_threads(threads);
-  torch::manual_seed(0);
   const qwen::Config config = model_shape(shape);
   const int blas_threads = qwen::set_blas_threads(qwen::blas_threads_for(config.hidden_size, threads));
-  qwen::Qwen2ForCausalLM model(config);
-  model->to(device);
-  qwen::initialize_weights(model);
+  qwen::Qwen2ForCausalLM model = qwen::random_model(config, 0, device);
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   return {config, model, blas_threads, parameters};

@@ -316,6 +316,18 @@ TEST_CASE("cli: bfloat16 weights are refused for training unless --allow-bf16-we
   CHECK(parse_error(plus(inputs.required(), {"--autocast", "bfloat16"})).empty());
 }
 
+TEST_CASE("cli: --dummy-accuracy needs --load-format dummy, and lies in [0, 1)") {
+  TrainInputs inputs;
+  const std::string refused = parse_error(plus(inputs.required(), {"--dummy-accuracy", "0.7"}));
+  CHECK(refused.find("--dummy-accuracy") != std::string::npos);
+  CHECK(refused.find("--load-format dummy") != std::string::npos);
+  CHECK(parse_error(plus(inputs.required(), {"--load-format", "dummy", "--dummy-accuracy", "0.7"})).empty());
+  CHECK(parse_error(plus(inputs.required(), {"--load-format", "dummy"})).empty());
+  CHECK(parse_error(plus(inputs.required(), {"--load-format", "dummy", "--dummy-accuracy", "1"}))
+            .find("--dummy-accuracy must lie in [0, 1)") != std::string::npos);
+  CHECK(parse_error(plus(inputs.required(), {"--load-format", "pt"})).find("--load-format") != std::string::npos);
+}
+
 TEST_CASE("cli: an --output that holds a run is refused unless --resume or --overwrite") {
   TrainInputs inputs;
   const fs::path run = inputs.scratch.path() / "run";
@@ -519,7 +531,7 @@ TEST_CASE("cli: out-of-range values are refused with the flag named") {
       {{"--min-lr-ratio", "2"}, "--min-lr-ratio"},
       {{"--warmup-steps", "-1"}, "--warmup-steps"},
       {{"--eval-every", "-1"}, "--eval-every"},
-      {{"--save-every", "-1"}, "--save-every"},
+      {{"--save-every", "-2"}, "--save-every"},  // -1: no checkpoint at all
       {{"--save-total-limit", "-1"}, "--save-total-limit"},
       {{"--log-rollouts", "-1"}, "--log-rollouts"},
       {{"--logger", "wandb"}, "--logger"},

@@ -121,6 +121,10 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
                           "dapo/filtered_groups",
                           "dapo/dropped_groups",
                           "perf/decode_calls",
+                          "perf/prefill_calls",
+                          "perf/engine_checks",
+                          "perf/graph_captures",
+                          "perf/graph_replays",
                           "sampled/score/mean",
                           "sampled/accuracy",
                           "reward/correctness",
@@ -135,6 +139,11 @@ TEST_CASE("real path: Qwen2.5 vocabulary and tokenizer, 2 DAPO steps on GSM8K, c
       static_cast<double>(qwen::tensor_bytes(first.model()->parameters())) / (1024.0 * 1024.0 * 1024.0);
   CHECK(metrics.back().at("perf/max_memory_allocated_gb").get<double>() >= 4.0 * weights_gb);
   CHECK(!metrics.back().contains("perf/max_memory_reserved_gb"));  // CUDA's caching allocator only
+  // Each rollout admits at least once and reads the finished flags at least once; CUDA graphs only on a GPU.
+  CHECK(metrics.back().at("perf/prefill_calls").get<int64_t>() >= 1);
+  CHECK(metrics.back().at("perf/engine_checks").get<int64_t>() >= 1);
+  CHECK(metrics.back().at("perf/graph_captures").get<int64_t>() == 0);
+  CHECK(metrics.back().at("perf/graph_replays").get<int64_t>() == 0);
   // Group advantages of the trained batch have mean 0 per group, so over the batch's tokens they straddle 0.
   CHECK(metrics.back().at("critic/advantages/min").get<double>() <= 0.0);
   CHECK(metrics.back().at("critic/advantages/max").get<double>() >= 0.0);
@@ -483,4 +492,28 @@ TEST_CASE("build_train_batch: verl's estimators give one advantage per response,
     CHECK(opo[i] == doctest::Approx(opo_expected[i]).epsilon(1e-6));
     CHECK(grpo[i] == doctest::Approx(group[i]).epsilon(1e-6));
   }
+}
+
+TEST_CASE("dummy accuracy: a share P of distinct texts counts correct, each text always the same, other rewards kept") {
+  qwen::RewardOptions options;
+  options.dummy_accuracy = 0.7;
+  int64_t correct = 0;
+  constexpr int64_t kTexts = 4000;
+  for (int64_t i = 0; i < kTexts; ++i) {
+    const std::string text = "random tokens " + std::to_string(i * 7919);
+    const qwen::ResponseScore score = qwen::score_response(text, "72", 16, options);
+    CHECK(score.correct == (score.parts.correctness > 0.0));
+    CHECK(score.correct == qwen::score_response(text, "18", 16, options).correct);  // the text decides, not the answer
+    correct += score.correct ? 1 : 0;
+  }
+  // Binomial(4000, 0.7): standard deviation 0.0072; the hash is fixed, so this is the same every run.
+  CHECK(static_cast<double>(correct) / kTexts == doctest::Approx(0.7).epsilon(0.04 / 0.7));
+  // The seed's other rewards are computed as always: a well-formed answer keeps its format and tag rewards.
+  const std::string formatted = "<think>\nadd\n</think>\n<answer>\n72\n</answer>\n";
+  const qwen::ResponseScore dummy = qwen::score_response(formatted, "72", 16, options);
+  const qwen::ResponseScore seed = qwen::score_response(formatted, "72", 16, qwen::RewardOptions{});
+  CHECK(seed.correct);
+  CHECK(dummy.parts.hard_format == seed.parts.hard_format);
+  CHECK(dummy.parts.mark == seed.parts.mark);
+  CHECK(dummy.parts.digit == seed.parts.digit);
 }

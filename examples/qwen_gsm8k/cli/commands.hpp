@@ -51,6 +51,7 @@ struct TrainCommand {
   std::string model_dir, train_file, test_file, output = "train-output", device = "cpu", dtype = "float32";
   std::string autocast = "off", resume, algorithm = "dapo", answer_format = "gsm8k";
   std::string chat_template = "check";  // check: the model's template must be the one built in; builtin: use ours
+  std::string load_format = "auto";     // auto: --model's safetensors; dummy: random weights of its config.json
   DataFields fields;
   bool skip_bad_lines = false, lenient_answers = false, allow_bf16_weights = false;
   bool overwrite = false, print_config = false;

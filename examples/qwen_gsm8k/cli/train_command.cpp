@@ -39,6 +39,15 @@ void add_io_options(CLI::App& sub, TrainCommand& c) {
               "Mixed precision: forward passes in bfloat16 or float16 over float32 weights and optimizer state "
               "(torch.autocast; TRL bf16), or off")
       ->check(CLI::IsMember({"off", "bfloat16", "float16"}));
+  add_setting(sub, "--load-format", c.load_format,
+              "auto: the weights of --model's safetensors; dummy: config.json's shape with seeded random weights, "
+              "no weight read (vLLM's load_format dummy: for benchmarks and profiling)")
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  add_setting(sub, "--dummy-accuracy", c.options.rewards.dummy_accuracy,
+              "With --load-format dummy, whose random weights never answer right: each response counts as correct "
+              "with probability P (a hash of its text), so that dynamic sampling keeps and filters groups as for a "
+              "policy of accuracy P; 0: GSM8K's correctness")
+      ->check(in_range(0, 1));  // 1 is refused with the settings (TrainOptions::validate)
   CLI::Option* resume =
       add_setting(sub, "--resume", c.resume,
                   "Continue from a checkpoint (a checkpoint directory, or the checkpoints root); the run goes on "
@@ -83,6 +92,11 @@ void check_train_command(const TrainCommand& c) {
         "--dtype", "bfloat16 weights lose the updates: an AdamW step of lr " + exact_number_text(options.lr) +
                        " is below bfloat16's resolution for most weights. Use --autocast bfloat16 (float32 weights, "
                        "bfloat16 forward passes), or pass --allow-bf16-weights to train bfloat16 weights anyway");
+  }
+  if (options.rewards.dummy_accuracy > 0.0 && c.load_format != "dummy") {
+    throw CLI::ValidationError("--dummy-accuracy",
+                               "replaces GSM8K's correctness, which only random weights need: pass --load-format dummy "
+                               "with it, or leave it at 0");
   }
   try {
     options.validate();
@@ -289,7 +303,10 @@ int run_train_command(TrainCommand command, const DistributedConfig& distributed
   if (communicator->is_root() && !options.quiet) {
     load.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
   }
-  auto model = load_model(command.model_dir, dtype, device, load);
+  auto model = command.load_format == "dummy"
+                   ? random_model(Config::from_file(std::filesystem::path(command.model_dir) / "config.json"),
+                                  options.seed, device, dtype)
+                   : load_model(command.model_dir, dtype, device, load);
   auto tokenizer = Tokenizer::from_directory(command.model_dir);
   Trainer trainer(model, tokenizer, train.problems, test, options, communicator);
   if (!command.resume.empty()) {

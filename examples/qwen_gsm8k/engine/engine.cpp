@@ -2,6 +2,8 @@
 // finished, compact the pool, admit again.
 #include "qwen_gsm8k/engine/engine.hpp"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <deque>
 #include <limits>
@@ -194,6 +196,7 @@ class Run {
   // Fills free slots from the waiting requests and the source: prefills, forks, draws each new sequence's first token.
   void admit() {
     if (!options_.continuous && !rows_.empty()) return;
+    RECORD_USER_SCOPE(kAdmitScope);
     int64_t open = slots_ - static_cast<int64_t>(rows_.size());
     std::vector<std::pair<std::size_t, int64_t>> chosen;  // (waiting entry, sample)
     for (std::size_t w = 0; open > 0;) {
@@ -339,6 +342,7 @@ class Run {
   // they advance at most max_new_tokens - 1 steps before the next check, so every index they write stays in range)
   // over a rounded window.
   void decode() {
+    RECORD_USER_SCOPE(kDecodeStepScope);
     const auto live = static_cast<int64_t>(rows_.size());
     int64_t window = 0;
     for (const Row& row : rows_) window = std::max(window, row.prompt_length + row.generated);
@@ -399,6 +403,7 @@ class Run {
   // Reads the finished flags, hands the finished sequences over in (request, sample) order, frees their slots.
   // False when the sink stopped the run.
   bool check() {
+    RECORD_USER_SCOPE(kCheckScope);
     ++stats_.checks;
     const auto rows = static_cast<int64_t>(rows_.size());
     const torch::Tensor finished = finished_at_.narrow(0, 0, rows).cpu();

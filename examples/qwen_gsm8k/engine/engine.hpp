@@ -27,6 +27,13 @@
 
 namespace qwen {
 
+// The engine's profiler scopes (RECORD_USER_SCOPE; free unless LibTorch's profiler is on): an admission (prefills,
+// forks, first tokens), one decode step (a graph replay where graphs are on), a check of the finished flags.
+// benchmarks/profile_bench attributes the device's kernels to them.
+inline constexpr const char* kAdmitScope = "qwen::engine_admit";
+inline constexpr const char* kDecodeStepScope = "qwen::engine_decode_step";
+inline constexpr const char* kCheckScope = "qwen::engine_check";
+
 struct EngineRequest {
   std::vector<int64_t> prompt;
   int64_t n = 1;      // samples of this prompt

@@ -353,4 +353,13 @@ void initialize_weights(Qwen2ForCausalLM& model, double std) {
   }
 }
 
+Qwen2ForCausalLM random_model(const Config& config, uint64_t seed, torch::Device device, torch::ScalarType dtype) {
+  torch::manual_seed(seed);  // seeds the CPU's and every GPU's generator
+  Qwen2ForCausalLM model(config);
+  model->to(device);
+  initialize_weights(model);
+  if (dtype != torch::kFloat32) model->to(dtype);
+  return model;
+}
+
 }  // namespace qwen

@@ -55,4 +55,10 @@ void save_model(Qwen2ForCausalLM& model, const std::filesystem::path& dir, const
 // Hugging Face's default initialisation: normal(0, std) for linear and embedding weights, zero biases, unit norms.
 void initialize_weights(Qwen2ForCausalLM& model, double std = 0.02);
 
+// A model of `config`'s shape with fresh random weights and nothing read (transformers' from_config, vLLM's
+// load_format dummy): seeded with `seed`, built on the CPU, moved to `device`, initialised there by
+// initialize_weights (quick on a GPU even for a 1.5B model), then cast to `dtype`.
+Qwen2ForCausalLM random_model(const Config& config, uint64_t seed, torch::Device device = torch::kCPU,
+                              torch::ScalarType dtype = torch::kFloat32);
+
 }  // namespace qwen

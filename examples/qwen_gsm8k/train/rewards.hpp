@@ -17,6 +17,11 @@ struct RewardOptions {
   int64_t max_length = 512;  // L_max: the generation budget (max_new_tokens)
   int64_t overlong_cache = 0;
   double overlong_factor = 1.0;
+  // Benchmarks with random weights only (train --load-format dummy --dummy-accuracy P), which never answer right: when
+  // > 0, a response counts as correct with probability P, drawn from a hash of its text, in place of comparing its
+  // answer with the reference, so that dynamic sampling filters and keeps groups as for a policy of accuracy P. The
+  // other rewards are the seed's as always. 0: the seed's correctness.
+  double dummy_accuracy = 0.0;
 };
 
 struct ResponseScore {

@@ -23,6 +23,10 @@ void RolloutStats::add(const EngineStats& engine) {
   rows_computed += engine.rows_computed;
   prefill_rows += engine.prefill_rows;
   sequences += engine.sequences;
+  prefill_calls += engine.prefill_calls;
+  checks += engine.checks;
+  graph_captures += engine.graph_captures;
+  graph_replays += engine.graph_replays;
 }
 
 EngineOptions rollout_engine_options(const RolloutOptions& options, int64_t rows, int64_t max_prompt_tokens) {

@@ -59,6 +59,7 @@ struct RolloutStats {
   int64_t generated_tokens = 0;
   double seconds = 0.0;
   int64_t decode_calls = 0, rows_computed = 0, prefill_rows = 0, sequences = 0;  // the engine's (EngineStats)
+  int64_t prefill_calls = 0, checks = 0, graph_captures = 0, graph_replays = 0;  // the engine's too
   void add(const EngineStats& engine);
 };
 

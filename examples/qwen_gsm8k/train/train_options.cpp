@@ -46,6 +46,8 @@ void TrainOptions::validate() const {
   require(max_new_tokens >= 1, "max_new_tokens must be >= 1");
   require(rewards.overlong_cache >= 0 && rewards.overlong_cache <= max_new_tokens,
           "overlong_buffer_len " + std::to_string(rewards.overlong_cache) + " must lie in [0, max_new_tokens]");
+  require(rewards.dummy_accuracy >= 0.0 && rewards.dummy_accuracy < 1.0,
+          "dummy_accuracy must lie in [0, 1) (0: the seed's correctness)");
   require(std::isfinite(rewards.overlong_factor) && rewards.overlong_factor >= 0.0,
           "overlong_penalty_factor must be a finite value >= 0");
   for (const double weight :
@@ -57,8 +59,8 @@ void TrainOptions::validate() const {
   require(grad_clip > 0.0 && std::isfinite(grad_clip), "grad_clip must be > 0");
   require(warmup_steps >= 0, "warmup_steps must be >= 0");
   require(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio must lie in [0, 1]");
-  require(eval_problems >= 0 && eval_pass_k >= 0 && eval_every >= 0 && save_every >= 0,
-          "eval and save counts must be >= 0");
+  require(eval_problems >= 0 && eval_pass_k >= 0 && eval_every >= 0, "eval counts must be >= 0");
+  require(save_every >= -1, "save_every must be >= 0, or -1 for no checkpoint at all");
   require(keep_checkpoints >= 0, "keep_checkpoints (save_total_limit) must be >= 0 (0 keeps all)");
   require(max_shard_bytes >= 0, "max_shard_bytes must be >= 0 (0: one model.safetensors)");
   require(log_rollouts >= 0, "log_rollouts must be >= 0 (0 writes none)");
@@ -82,65 +84,67 @@ void TrainOptions::validate() const {
 }
 
 nlohmann::json TrainOptions::to_json() const {
-  return {{"algorithm", algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
-          {"total_steps", total_steps},
-          {"train_batch_size", train_batch_size},
-          {"gen_batch_size", gen_batch_size > 0 ? gen_batch_size : train_batch_size},
-          {"rollout_n", rollout_n},
-          {"ppo_mini_batch_size", ppo_mini_batch_size},
-          {"ppo_micro_batch_size", ppo_micro_batch_size > 0 ? ppo_micro_batch_size : ppo_mini_batch_size},
-          {"ppo_epochs", ppo_epochs},
-          {"use_dynamic_bsz", use_dynamic_bsz},
-          {"ppo_max_token_len_per_gpu", ppo_max_token_len_per_gpu},
-          {"log_prob_max_token_len_per_gpu",
-           log_prob_max_token_len_per_gpu > 0 ? log_prob_max_token_len_per_gpu : ppo_max_token_len_per_gpu},
-          {"max_num_gen_batches", max_num_gen_batches},
-          {"dynamic_sampling", dynamic_sampling},
-          {"mask_truncated", mask_truncated},
-          {"clip_ratio_low", loss.clip_low},
-          {"clip_ratio_high", loss.clip_high},
-          {"clip_ratio_c", loss.dual_clip},
-          {"loss_agg_mode", dapo::aggregation_name(loss.aggregation).data()},
-          {"policy_loss", dapo::policy_loss_name(loss.mode).data()},
-          {"tau_pos", loss.tau_pos},
-          {"tau_neg", loss.tau_neg},
-          {"dro_beta", loss.dro_beta},
-          {"kl_loss_coef", extras.kl_loss_coef},
-          {"kl_loss_type", extras.kl_loss_type},
-          {"entropy_coeff", extras.entropy_coeff},
-          {"rollout_is", extras.rollout_is},
-          {"rollout_is_threshold", extras.rollout_is_threshold},
-          {"rollout_rs", extras.rollout_rs},
-          {"rollout_rs_threshold", extras.rollout_rs_threshold},
-          {"norm_adv_by_std", advantage.scale_by_std},
-          {"adv_estimator", dapo::advantage_estimator_name(adv_estimator).data()},
-          {"max_new_tokens", max_new_tokens},
-          {"overlong_buffer_len", rewards.overlong_cache},
-          {"overlong_penalty_factor", rewards.overlong_factor},
-          {"reward_weights",
-           {rewards.correctness_weight, rewards.digit_weight, rewards.format_weight, rewards.mark_weight}},
-          {"answer_mode", rewards.answer_mode == dapo::gsm8k::AnswerMode::kSeed ? "seed" : "lenient"},
-          {"temperature", sampling.temperature},
-          {"top_p", sampling.top_p},
-          {"top_k", sampling.top_k},
-          {"lr", lr},
-          {"weight_decay", weight_decay},
-          {"betas", {beta1, beta2}},
-          {"warmup_steps", warmup_steps},
-          {"lr_schedule", cosine_schedule ? "cosine" : "constant"},
-          {"min_lr_ratio", min_lr_ratio},
-          {"grad_clip", grad_clip},
-          {"autocast", !autocast                       ? "off"
-                       : *autocast == torch::kBFloat16 ? "bfloat16"
-                                                       : "float16"},
-          {"gradient_checkpointing", gradient_checkpointing},
-          {"shared_prompt", shared_prompt},
-          {"cuda_graphs", cuda_graphs},
-          {"eval_every", eval_every},
-          {"eval_problems", eval_problems},
-          {"eval_pass_k", eval_pass_k},
-          {"save_every", save_every},
-          {"seed", seed}};
+  nlohmann::json json{{"algorithm", algorithm == Algorithm::kDapo ? "dapo" : "grpo"},
+                      {"total_steps", total_steps},
+                      {"train_batch_size", train_batch_size},
+                      {"gen_batch_size", gen_batch_size > 0 ? gen_batch_size : train_batch_size},
+                      {"rollout_n", rollout_n},
+                      {"ppo_mini_batch_size", ppo_mini_batch_size},
+                      {"ppo_micro_batch_size", ppo_micro_batch_size > 0 ? ppo_micro_batch_size : ppo_mini_batch_size},
+                      {"ppo_epochs", ppo_epochs},
+                      {"use_dynamic_bsz", use_dynamic_bsz},
+                      {"ppo_max_token_len_per_gpu", ppo_max_token_len_per_gpu},
+                      {"log_prob_max_token_len_per_gpu",
+                       log_prob_max_token_len_per_gpu > 0 ? log_prob_max_token_len_per_gpu : ppo_max_token_len_per_gpu},
+                      {"max_num_gen_batches", max_num_gen_batches},
+                      {"dynamic_sampling", dynamic_sampling},
+                      {"mask_truncated", mask_truncated},
+                      {"clip_ratio_low", loss.clip_low},
+                      {"clip_ratio_high", loss.clip_high},
+                      {"clip_ratio_c", loss.dual_clip},
+                      {"loss_agg_mode", dapo::aggregation_name(loss.aggregation).data()},
+                      {"policy_loss", dapo::policy_loss_name(loss.mode).data()},
+                      {"tau_pos", loss.tau_pos},
+                      {"tau_neg", loss.tau_neg},
+                      {"dro_beta", loss.dro_beta},
+                      {"kl_loss_coef", extras.kl_loss_coef},
+                      {"kl_loss_type", extras.kl_loss_type},
+                      {"entropy_coeff", extras.entropy_coeff},
+                      {"rollout_is", extras.rollout_is},
+                      {"rollout_is_threshold", extras.rollout_is_threshold},
+                      {"rollout_rs", extras.rollout_rs},
+                      {"rollout_rs_threshold", extras.rollout_rs_threshold},
+                      {"norm_adv_by_std", advantage.scale_by_std},
+                      {"adv_estimator", dapo::advantage_estimator_name(adv_estimator).data()},
+                      {"max_new_tokens", max_new_tokens},
+                      {"overlong_buffer_len", rewards.overlong_cache},
+                      {"overlong_penalty_factor", rewards.overlong_factor},
+                      {"reward_weights",
+                       {rewards.correctness_weight, rewards.digit_weight, rewards.format_weight, rewards.mark_weight}},
+                      {"answer_mode", rewards.answer_mode == dapo::gsm8k::AnswerMode::kSeed ? "seed" : "lenient"},
+                      {"temperature", sampling.temperature},
+                      {"top_p", sampling.top_p},
+                      {"top_k", sampling.top_k},
+                      {"lr", lr},
+                      {"weight_decay", weight_decay},
+                      {"betas", {beta1, beta2}},
+                      {"warmup_steps", warmup_steps},
+                      {"lr_schedule", cosine_schedule ? "cosine" : "constant"},
+                      {"min_lr_ratio", min_lr_ratio},
+                      {"grad_clip", grad_clip},
+                      {"autocast", !autocast                       ? "off"
+                                   : *autocast == torch::kBFloat16 ? "bfloat16"
+                                                                   : "float16"},
+                      {"gradient_checkpointing", gradient_checkpointing},
+                      {"shared_prompt", shared_prompt},
+                      {"cuda_graphs", cuda_graphs},
+                      {"eval_every", eval_every},
+                      {"eval_problems", eval_problems},
+                      {"eval_pass_k", eval_pass_k},
+                      {"save_every", save_every},
+                      {"seed", seed}};
+  if (rewards.dummy_accuracy > 0.0) json["dummy_accuracy"] = rewards.dummy_accuracy;  // benchmarks only
+  return json;
 }
 
 LrSchedule TrainOptions::lr_schedule() const {

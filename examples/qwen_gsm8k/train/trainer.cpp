@@ -211,7 +211,7 @@ RunResult Trainer::run() {
     if (!last && communicator_->all_reduce_sum({asked ? 1.0 : 0.0})[0] > 0) {
       RunResult result{.stopped = true, .step = step_, .checkpoint = {}};
       if (!options_.output_dir.empty() && is_root()) {
-        result.checkpoint = save_checkpoint();
+        if (options_.save_every >= 0) result.checkpoint = save_checkpoint();
         write_report();
       }
       return result;
@@ -224,7 +224,7 @@ RunResult Trainer::run() {
   }
   if (communicator_->agree(evals_.empty() || evals_.back().at("step") != step_)) evaluate_and_report(false);
   if (!options_.output_dir.empty() && is_root()) {
-    save_checkpoint();
+    if (options_.save_every >= 0) save_checkpoint();
     write_report();
   }
   return {.stopped = false, .step = step_, .checkpoint = {}};

@@ -61,6 +61,12 @@ std::vector<Group> Trainer::collect_groups(nlohmann::json& metrics) {
   metrics["perf/rollout_tokens_per_second"] = generated / std::max(stats.seconds, 1e-9);
   metrics["timing_s/gen"] = stats.seconds;
   metrics["perf/decode_calls"] = stats.decode_calls;
+  // Admissions (prefill calls), reads of the finished flags, and CUDA-graph captures and replays of the decode steps:
+  // what the GPU check reads to see where a rollout's host waits and captures go.
+  metrics["perf/prefill_calls"] = stats.prefill_calls;
+  metrics["perf/engine_checks"] = stats.checks;
+  metrics["perf/graph_captures"] = stats.graph_captures;
+  metrics["perf/graph_replays"] = stats.graph_replays;
   // Rows of the decode steps plus each sequence's first token (from its prompt's prefill), per generated token: 1
   // when no row is computed in vain; the check interval and static batches add to it.
   metrics["perf/rows_per_generated_token"] = static_cast<double>(stats.rows_computed + stats.sequences) /

@@ -6,6 +6,8 @@
 #include <dapo/loss.hpp>
 #include <dapo/rollout_correction.hpp>
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -303,6 +305,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   std::vector<double> dual_clipped,
       kl;  // per micro-batch, added to the step's sums (in order) if the update is applied
   for (const MicroBatch& micro : mini.micro_batches) {
+    RECORD_USER_SCOPE(kMicroBatchScope);
     const auto rows = [&](const torch::Tensor& tensor) { return micro.take(tensor); };
     const torch::Tensor mask = rows(padded.loss_mask).narrow(1, 0, micro.length - 1);
     double entropy = 0.0;
@@ -345,6 +348,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
     dual_clipped.push_back(out.dual_clip_fraction.item<double>() * micro_tokens);
     kl.push_back(out.approx_kl.item<double>() * micro_tokens);
   }
+  RECORD_USER_SCOPE(kOptimizerStepScope);
   communicator.all_reduce_gradients(model->parameters());  // the sum of the ranks' shares: the mini-batch's gradient
   const double grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), options.grad_clip);
   sums.lr = lr;

@@ -32,6 +32,12 @@
 
 namespace qwen {
 
+// The update's profiler scopes (RECORD_USER_SCOPE; free unless LibTorch's profiler is on): one micro-batch's forward,
+// loss and backward; one optimizer step (all-reduce, clipping, AdamW). benchmarks/profile_bench attributes the
+// device's kernels to them.
+inline constexpr const char* kMicroBatchScope = "dapo::update_micro_batch";
+inline constexpr const char* kOptimizerStepScope = "dapo::optimizer_step";
+
 // Some rows of the batch, in ascending order; columns [0, length) hold every real token of those rows. Whole-group
 // micro-batches are consecutive rows; token-budget ones (use_dynamic_bsz) any rows of one rank's share.
 struct MicroBatch {
