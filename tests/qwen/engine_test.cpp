@@ -1,19 +1,25 @@
 // The generation engine (continuous batching over a slot pool): greedy output equal to generate()'s for any pool size,
 // with and without the shared prefill, checked every step or every few; each sequence's draws independent of the
 // others and of its admission order; stops, the length budget, log-probs, the repetition penalty; the counts it
-// reports (prefill rows divided by n, the rows a check interval can waste); a sink that stops the run; bad requests.
+// reports (prefill rows divided by n, the rows a check interval can waste); the host's reads and copies through its one
+// door (none inside a decode step); a sink that stops the run; bad requests. The scheduler alone, with no model:
+// scheduler_test.cpp.
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "qwen_gsm8k/engine/decode_graphs.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/engine/group_stream.hpp"
+#include "qwen_gsm8k/engine/model_runner.hpp"
+#include "qwen_gsm8k/engine/scheduler.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/model/host_door.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 
@@ -286,6 +292,50 @@ TEST_CASE("engine: at the CUDA graphs' shapes (rows and window rounded up, paddi
     }
   }
   CHECK(stats.sequences == 15);
+}
+
+TEST_CASE("engine: the host's door: no read or copy inside a decode step, one read per check, copies at admission") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir, torch::kFloat32);
+  torch::NoGradGuard no_grad;
+  for (const bool sampled : {false, true}) {
+    CAPTURE(sampled);
+    qwen::EngineOptions options;
+    options.max_num_seqs = 4;
+    options.max_prompt_tokens = 5;
+    options.max_new_tokens = 12;
+    options.return_logprobs = true;
+    options.sampling.temperature = sampled ? 1.0 : 0.0;
+    qwen::EngineStats stats;
+    qwen::ModelRunner runner(model, options, stats);
+    const auto reqs = requests(2);
+    std::size_t next = 0;
+    const qwen::RequestSource source = [&]() -> std::optional<qwen::EngineRequest> {
+      if (next == reqs.size()) return std::nullopt;
+      return reqs[next++];
+    };
+    qwen::Scheduler scheduler(
+        {.max_num_seqs = 4, .max_prompt_tokens = 5, .max_new_tokens = 12, .vocab_size = model->config().vocab_size},
+        source, stats);
+    const qwen::host_door::Counts start = qwen::host_door::counts();
+    runner.admit(scheduler.admit());  // 2 prompts prefilled, each forked into 2 slots
+    const qwen::host_door::Counts admitted = qwen::host_door::counts();
+    CHECK(admitted.reads == start.reads);  // an admission reads nothing back
+    // ids, mask and last positions of the prefill; slots and rows of the fork; positions (and uniforms when sampled)
+    CHECK(admitted.copies - start.copies == (sampled ? 7 : 6));
+    for (int64_t step = 0; step < 8; ++step) {
+      const qwen::StepShape shape = scheduler.next_step();
+      runner.decode(shape);
+      scheduler.stepped(shape);
+    }
+    const qwen::host_door::Counts decoded = qwen::host_door::counts();
+    CHECK(decoded.reads == admitted.reads);  // eight decode steps: no read, no copy
+    CHECK(decoded.copies == admitted.copies);
+    const std::vector<int64_t> flags = runner.finished_flags(scheduler.rows());
+    CHECK(flags.size() == 4);
+    CHECK(qwen::host_door::counts().reads == decoded.reads + 1);  // the check's one read
+  }
 }
 
 TEST_CASE("engine: a sink that says stop ends the run and counts the sequences in flight as dropped") {

@@ -27,6 +27,8 @@ void RolloutStats::add(const EngineStats& engine) {
   checks += engine.checks;
   graph_captures += engine.graph_captures;
   graph_replays += engine.graph_replays;
+  host_reads += engine.host_reads;
+  host_copies += engine.host_copies;
 }
 
 EngineOptions rollout_engine_options(const RolloutOptions& options, int64_t rows, int64_t max_prompt_tokens) {

@@ -1,0 +1,264 @@
+// The model runner: prefills and first tokens, the decode step, the check's reads and compaction's moves.
+#include "qwen_gsm8k/engine/model_runner.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "qwen_gsm8k/engine/sequence_random.hpp"
+#include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/host_door.hpp"
+#include "qwen_gsm8k/model/kv_cache.hpp"
+
+namespace qwen {
+namespace {
+
+constexpr float kLowest = std::numeric_limits<float>::lowest();
+
+// One token per row: the argmax, or the inverse of the row's CDF at its own uniform. The CDF is summed in float64
+// (151,936 probabilities); searchsorted's right side never lands on a token of probability 0.
+torch::Tensor draw(const torch::Tensor& scores, const torch::Tensor& uniforms, const SamplingOptions& sampling) {
+  if (sampling.greedy()) return scores.argmax(-1);
+  const torch::Tensor cdf = scores.softmax(-1).to(torch::kFloat64).cumsum(-1);  // [R, V]
+  const torch::Tensor target = (uniforms * cdf.select(1, cdf.size(1) - 1)).unsqueeze(1);
+  return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cdf.size(1) - 1);
+}
+
+}  // namespace
+
+ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, EngineStats& stats)
+    : model_(model),
+      options_(options),
+      stats_(stats),
+      device_(model->lm_head_weight().device()),
+      slots_(options.max_num_seqs),
+      capacity_(options.max_prompt_tokens + options.max_new_tokens),
+      // Keys and values in the dtype the projections produce: autocast's when it is on, else the weights'.
+      cache_dtype_(active_autocast_dtype(device_).value_or(model->lm_head_weight().scalar_type())),
+      cache_(model->config(), slots_, capacity_, model->lm_head_weight().options().dtype(cache_dtype_)),
+      graphs_(device_, options.cuda_graphs) {
+  const auto longs = torch::TensorOptions().dtype(torch::kInt64).device(device_);
+  const int64_t width = options.max_new_tokens;
+  next_token_ = torch::zeros({slots_}, longs);
+  positions_ = torch::zeros({slots_}, longs);
+  generated_index_ = torch::zeros({slots_}, longs);
+  finished_at_ = torch::full({slots_}, -1, longs);
+  tokens_ = torch::zeros({slots_, width}, longs);
+  per_row_ = {&next_token_, &positions_, &generated_index_, &finished_at_, &tokens_};
+  if (options.return_logprobs) {
+    logprobs_ = torch::zeros({slots_, width}, longs.dtype(torch::kFloat32));
+    per_row_.push_back(&logprobs_);
+  }
+  if (options.sampling.repetition_penalty != 1.0) {
+    seen_ = torch::zeros({slots_, capacity_}, longs);
+    per_row_.push_back(&seen_);
+  }
+  if (!options.sampling.greedy()) {
+    uniforms_ = torch::zeros({slots_, width}, longs.dtype(torch::kFloat64));
+    per_row_.push_back(&uniforms_);
+  }
+  stop_ids_ = host_door::to_device(options.stop_ids.empty() ? std::vector<int64_t>{-1} : options.stop_ids, device_);
+  stats_.cache_bytes = cache_.bytes();
+}
+
+// Prompts right-padded into one batch, positions from 0.
+ModelRunner::Prefill ModelRunner::prefill(const std::vector<const std::vector<int64_t>*>& prompts) {
+  const auto count = static_cast<int64_t>(prompts.size());
+  int64_t longest = 0;
+  for (const auto* prompt : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(prompt->size()));
+  // Padding with token 0, which every vocabulary has (a tokenizer's pad id may lie past a small model's): masked,
+  // and its keys and values are overwritten by the sequence's own tokens.
+  torch::Tensor ids = torch::zeros({count, longest}, torch::kInt64);
+  torch::Tensor mask = torch::zeros({count, longest}, torch::kInt64);
+  std::vector<int64_t> last;
+  for (int64_t p = 0; p < count; ++p) {
+    const auto& prompt = *prompts[static_cast<std::size_t>(p)];
+    const auto length = static_cast<int64_t>(prompt.size());
+    ids[p].narrow(0, 0, length).copy_(torch::tensor(prompt, torch::kInt64));
+    mask[p].narrow(0, 0, length).fill_(1);
+    last.push_back(length - 1);
+    stats_.prefill_tokens += length;
+  }
+  ids = host_door::to_device(ids, device_);
+  mask = host_door::to_device(mask, device_);
+  KVCache cache(model_->config(), count, longest, model_->lm_head_weight().options().dtype(cache_dtype_));
+  const torch::Tensor hidden = model_->model->forward(ids, mask, position_ids_from_mask(mask), &cache);
+  const torch::Tensor rows = torch::arange(count, ids.options());
+  const torch::Tensor last_hidden = hidden.index({rows, host_door::to_device(last, device_)});  // [P, H]
+  Prefill out;
+  out.logits = model_->logits(last_hidden);
+  for (int64_t layer = 0; layer < model_->config().num_hidden_layers; ++layer) {
+    out.keys.push_back(cache.layer_keys(layer));
+    out.values.push_back(cache.layer_values(layer));
+  }
+  ++stats_.prefill_calls;
+  stats_.prefill_rows += count;
+  return out;
+}
+
+void ModelRunner::admit(const Admission& admission) {
+  Prefill fresh;
+  if (!admission.prefill.empty()) fresh = prefill(admission.prefill);
+  const auto longs = torch::TensorOptions().dtype(torch::kInt64);
+  std::vector<torch::Tensor> first_logits;
+  std::vector<int64_t> fresh_slots, fresh_rows, kept_slots;
+  const Prefill* kept = nullptr;  // the half-admitted request's kept prefill (one such request at a time)
+  for (const Admission::Placed& placed : admission.placed) {
+    if (placed.prefill_row >= 0) {
+      fresh_slots.push_back(placed.slot);
+      fresh_rows.push_back(placed.prefill_row);
+      first_logits.push_back(fresh.logits.narrow(0, placed.prefill_row, 1));
+    } else {
+      kept_slots.push_back(placed.slot);
+      kept = &kept_.at(placed.request);
+      first_logits.push_back(kept->logits);
+    }
+  }
+  if (!kept_slots.empty()) {
+    const auto slots = static_cast<int64_t>(kept_slots.size());
+    cache_.fill(host_door::to_device(kept_slots, device_), kept->keys, kept->values,
+                torch::zeros({slots}, longs.device(device_)));
+  }
+  if (!fresh_slots.empty()) {
+    cache_.fill(host_door::to_device(fresh_slots, device_), fresh.keys, fresh.values,
+                host_door::to_device(fresh_rows, device_));
+  }
+  for (const Admission::Keep& keep : admission.keep) {
+    Prefill& saved = kept_[keep.request];
+    for (std::size_t layer = 0; layer < fresh.keys.size(); ++layer) {
+      saved.keys.push_back(fresh.keys[layer].narrow(0, keep.prefill_row, 1).narrow(2, 0, keep.prompt_length).clone());
+      saved.values.push_back(
+          fresh.values[layer].narrow(0, keep.prefill_row, 1).narrow(2, 0, keep.prompt_length).clone());
+    }
+    saved.logits = fresh.logits.narrow(0, keep.prefill_row, 1).clone();
+  }
+  draw_first_tokens(admission, first_logits);
+  for (const int64_t request : admission.release) kept_.erase(request);
+}
+
+// The placed sequences' device state, then their first tokens, drawn from their prompts' last logits.
+void ModelRunner::draw_first_tokens(const Admission& admission, const std::vector<torch::Tensor>& first_logits) {
+  const auto longs = torch::TensorOptions().dtype(torch::kInt64);
+  const auto count = static_cast<int64_t>(admission.placed.size());
+  const int64_t width = options_.max_new_tokens;
+  torch::Tensor positions = torch::empty({count}, longs);
+  torch::Tensor uniforms =
+      uniforms_.defined() ? torch::empty({count, width}, longs.dtype(torch::kFloat64)) : torch::Tensor();
+  torch::Tensor seen = seen_.defined() ? torch::empty({count, capacity_}, longs) : torch::Tensor();
+  for (int64_t c = 0; c < count; ++c) {
+    const Admission::Placed& placed = admission.placed[static_cast<std::size_t>(c)];
+    const EngineRequest& request = *placed.source;
+    const auto length = static_cast<int64_t>(request.prompt.size());
+    positions[c] = length;
+    if (uniforms.defined()) {
+      const uint64_t seed = sequence_seed(request.seed, placed.sample);
+      auto* u = uniforms[c].data_ptr<double>();
+      for (int64_t t = 0; t < width; ++t) u[t] = sequence_uniform(seed, t);
+    }
+    if (seen.defined()) {  // padding past the sequence repeats its first token: the penalty sees only its own
+      seen[c].fill_(request.prompt.front());
+      seen[c].narrow(0, 0, length).copy_(torch::tensor(request.prompt, longs));
+    }
+  }
+  const int64_t start = admission.placed.front().slot;
+  const torch::Tensor slots = torch::arange(start, start + count, longs.device(device_));
+  const torch::Tensor logits = torch::cat(first_logits, 0);  // [M, V]
+  if (uniforms.defined()) {
+    uniforms = host_door::to_device(uniforms, device_);
+    uniforms_.index_copy_(0, slots, uniforms);
+  }
+  if (seen.defined()) seen = host_door::to_device(seen, device_);
+  const torch::Tensor scores =
+      process_logits(logits, seen.defined() ? seen.narrow(1, 0, admission.longest_prompt) : seen, options_.sampling);
+  const torch::Tensor token = draw(scores, uniforms.defined() ? uniforms.select(1, 0) : uniforms, options_.sampling);
+  positions = host_door::to_device(positions, device_);
+  if (seen.defined()) {
+    seen.scatter_(1, positions.unsqueeze(1), token.unsqueeze(1));
+    seen_.index_copy_(0, slots, seen);
+  }
+  torch::Tensor tokens = torch::zeros({count, width}, token.options());
+  tokens.select(1, 0).copy_(token);
+  tokens_.index_copy_(0, slots, tokens);
+  if (logprobs_.defined()) {
+    torch::Tensor logprobs = torch::zeros({count, width}, logprobs_.options());
+    logprobs.select(1, 0).copy_(token_logprobs(logits, token));
+    logprobs_.index_copy_(0, slots, logprobs);
+  }
+  next_token_.index_copy_(0, slots, token);
+  positions_.index_copy_(0, slots, positions);
+  generated_index_.index_fill_(0, slots, 1);
+  finished_at_.index_copy_(0, slots, torch::where(is_stop(token), torch::zeros_like(token), -torch::ones_like(token)));
+}
+
+torch::Tensor ModelRunner::is_stop(const torch::Tensor& token) const {
+  return (token.unsqueeze(1) == stop_ids_.unsqueeze(0)).any(1);
+}
+
+torch::Tensor ModelRunner::token_logprobs(const torch::Tensor& logits, const torch::Tensor& token) const {
+  const double temperature = options_.sampling.greedy() ? 1.0 : options_.sampling.temperature;
+  return (logits.to(torch::kFloat32) / temperature).log_softmax(-1).gather(1, token.unsqueeze(1)).squeeze(1);
+}
+
+void ModelRunner::decode(const StepShape& shape) {
+  if (shape.reset_padding) {
+    positions_.narrow(0, shape.live, shape.rows - shape.live).zero_();
+    generated_index_.narrow(0, shape.live, shape.rows - shape.live).zero_();
+  }
+  if (rounded_shapes()) {
+    graphs_.run({shape.rows, shape.window}, [this, shape] { decode_step(shape.rows, shape.window); });
+  } else {
+    decode_step(shape.rows, shape.window);
+  }
+}
+
+// Over slots [0, rows) and positions [0, window): the same operators on the same buffers for the same (rows, window),
+// and no host synchronisation, so that a CUDA graph can replay it.
+void ModelRunner::decode_step(int64_t rows, int64_t window) {
+  const torch::Tensor positions = positions_.narrow(0, 0, rows), index = generated_index_.narrow(0, 0, rows);
+  const torch::Tensor keys = torch::arange(window, positions.options());
+  const torch::Tensor mask = torch::zeros({rows, window}, positions.options().dtype(torch::kFloat32))
+                                 .masked_fill(keys.unsqueeze(0) > positions.unsqueeze(1), kLowest)
+                                 .view({rows, 1, 1, window});
+  cache_.set_step(rows, positions, window);
+  const torch::Tensor hidden = model_->model->forward_with_mask(next_token_.narrow(0, 0, rows).unsqueeze(1), mask,
+                                                                positions.unsqueeze(1), &cache_);
+  const torch::Tensor logits = model_->logits(hidden.select(1, 0));  // [R, V]
+  const torch::Tensor seen = seen_.defined() ? seen_.narrow(0, 0, rows).narrow(1, 0, window) : seen_;
+  const torch::Tensor scores = process_logits(logits, seen, options_.sampling);
+  const torch::Tensor uniforms =
+      uniforms_.defined() ? uniforms_.narrow(0, 0, rows).gather(1, index.unsqueeze(1)).squeeze(1) : uniforms_;
+  const torch::Tensor token = draw(scores, uniforms, options_.sampling);
+  tokens_.narrow(0, 0, rows).scatter_(1, index.unsqueeze(1), token.unsqueeze(1));
+  if (logprobs_.defined()) {
+    logprobs_.narrow(0, 0, rows).scatter_(1, index.unsqueeze(1), token_logprobs(logits, token).unsqueeze(1));
+  }
+  if (seen_.defined()) seen_.narrow(0, 0, rows).scatter_(1, (positions + 1).unsqueeze(1), token.unsqueeze(1));
+  const torch::Tensor finished = finished_at_.narrow(0, 0, rows);
+  finished.copy_(torch::where(finished.lt(0) & is_stop(token), index, finished));
+  positions.add_(1);
+  index.add_(1);
+  next_token_.narrow(0, 0, rows).copy_(token);
+}
+
+std::vector<int64_t> ModelRunner::finished_flags(int64_t rows) const {
+  const torch::Tensor finished = host_door::read(finished_at_.narrow(0, 0, rows));
+  const auto* values = finished.data_ptr<int64_t>();
+  return {values, values + rows};
+}
+
+std::pair<torch::Tensor, torch::Tensor> ModelRunner::outputs(const std::vector<int64_t>& rows) const {
+  const torch::Tensor index = host_door::to_device(rows, device_);
+  const torch::Tensor tokens = host_door::read(tokens_.index_select(0, index));
+  const torch::Tensor logprobs = logprobs_.defined() ? host_door::read(logprobs_.index_select(0, index)) : logprobs_;
+  return {tokens, logprobs};
+}
+
+void ModelRunner::move(const Compaction& moves) {
+  if (moves.empty()) return;
+  const torch::Tensor to_index = host_door::to_device(moves.to, device_);
+  const torch::Tensor from_index = host_door::to_device(moves.from, device_);
+  cache_.move(to_index, from_index, moves.width);
+  for (torch::Tensor* tensor : per_row_) tensor->index_copy_(0, to_index, tensor->index_select(0, from_index));
+}
+
+}  // namespace qwen

@@ -1,0 +1,73 @@
+// The generation engine's model runner, as nano-vllm's: what the scheduler decides, done with tensors on the model's
+// device. It owns the slot pool (slot_cache.hpp), each slot's decode state (the token the next step feeds, its
+// position, its generated tokens and their log-probs, the first stop's index, the draws' uniforms, the tokens seen),
+// the prefills kept for requests whose later samples wait, and the decode step's CUDA graphs (decode_graphs.hpp). It
+// knows nothing of requests' order or of when to check: the scheduler (scheduler.hpp) does.
+//
+// Shapes: S = slots, R = the step's rows, N = max_new_tokens, V = vocabulary, C = slot capacity, W = the step's window.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "qwen_gsm8k/engine/decode_graphs.hpp"
+#include "qwen_gsm8k/engine/engine.hpp"
+#include "qwen_gsm8k/engine/scheduler.hpp"
+#include "qwen_gsm8k/engine/slot_cache.hpp"
+
+namespace qwen {
+
+class ModelRunner {
+ public:
+  // `stats`: the counts the runner keeps (prefill calls, rows and tokens; the pool's bytes; graph captures, replays).
+  ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, EngineStats& stats);
+
+  // Whether decode steps run at the graphs' rounded shapes (graphs on and capturable here, or graph_shapes).
+  bool rounded_shapes() const { return options_.graph_shapes || graphs_.active(); }
+
+  // Prefills the admission's prompts in one batch, forks each prompt's keys and values into its placed sequences'
+  // slots (a kept prefill's too), keeps and lets go what the admission says, and draws each sequence's first token
+  // from its prompt's last logits.
+  void admit(const Admission& admission);
+  // One token for every row of `shape`, as a CUDA graph's replay where graphs are on.
+  void decode(const StepShape& shape);
+  // The check's one host read: finished_at of rows [0, rows) (the index of each row's first stop token, or -1).
+  std::vector<int64_t> finished_flags(int64_t rows) const;
+  // The generated tokens [done, N] and log-probs (undefined unless return_logprobs) of these rows, on the host.
+  std::pair<torch::Tensor, torch::Tensor> outputs(const std::vector<int64_t>& rows) const;
+  void move(const Compaction& moves);  // the scheduler's compaction, on the device
+
+  int64_t graph_captures() const { return graphs_.captures(); }
+  int64_t graph_replays() const { return graphs_.replays(); }
+
+ private:
+  struct Prefill {  // per layer the keys and values [P, KV, L, D]; the logits [P, V] at each prompt's last position
+    std::vector<torch::Tensor> keys, values;
+    torch::Tensor logits;
+  };
+  Prefill prefill(const std::vector<const std::vector<int64_t>*>& prompts);
+  void draw_first_tokens(const Admission& admission, const std::vector<torch::Tensor>& first_logits);
+  void decode_step(int64_t rows, int64_t window);  // the device work of a step: what a CUDA graph captures
+  torch::Tensor is_stop(const torch::Tensor& token) const;
+  torch::Tensor token_logprobs(const torch::Tensor& logits, const torch::Tensor& token) const;
+
+  Qwen2ForCausalLM& model_;
+  const EngineOptions& options_;
+  EngineStats& stats_;
+  torch::Device device_;
+  int64_t slots_, capacity_;
+  torch::ScalarType cache_dtype_;
+  SlotCache cache_;
+  DecodeGraphs graphs_;
+  std::map<int64_t, Prefill> kept_;  // by request: a half-admitted request's prompt, [1, KV, P, D] and [1, V]
+  // Per slot: the token the next step feeds, its position, the index of the next token, the first stop's index (-1),
+  // the generated tokens, their log-probs, the tokens seen (repetition penalty) and the draws' uniforms.
+  torch::Tensor next_token_, positions_, generated_index_, finished_at_, tokens_, logprobs_, seen_, uniforms_;
+  std::vector<torch::Tensor*> per_row_;
+  torch::Tensor stop_ids_;
+};
+
+}  // namespace qwen
