@@ -240,7 +240,11 @@ def main(argv):
     dry_run = options.get("--dry-run") == "1"
     call = options.get("--call", "headline")
     names = sorted(os.listdir(results)) if os.path.isdir(results) else []
-    merged = {name: load(results, name) for name in names if not name.endswith(".md")}
+    merged = {name: load(results, name) for name in names
+              if not name.endswith(".md") and os.path.isfile(os.path.join(results, name))}
+    # The train stage's run directory: its metrics.jsonl grows a row per step, read as far as it has come.
+    if os.path.isdir(os.path.join(results, "train-run")):
+        merged["train_metrics.jsonl"] = load(os.path.join(results, "train-run"), "metrics.jsonl")
     machine = (merged.get("machine.txt") or "").strip().splitlines()
 
     rows = []  # (section, what, ours, transformers, ratio)

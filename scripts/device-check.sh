@@ -267,8 +267,9 @@ stage_generate() {
 # prompts x 4 responses, 128 new tokens, 2 updates of 4 prompts, bfloat16 autocast over float32 weights and AdamW),
 # dynamic sampling on: random weights never answer right, so --dummy-accuracy 0.7 scores each response correct with
 # that probability, about Qwen2.5-1.5B-Instruct's GSM8K accuracy. Its memory plan first, then 3 steps, no checkpoint.
+# The run writes into RESULTS: the report reads its metrics.jsonl as the steps land, even when the stage is stopped.
 stage_train() {
-  local model=$work/dummy-model run=$work/train-seed shape=qwen2.5-1.5b
+  local model=$work/dummy-model run=$results/train-run shape=qwen2.5-1.5b
   local settings=(--train-batch-size 8 --rollout-n 4 --ppo-mini-batch-size 4 --max-new-tokens 128 --steps 3)
   local device=(--device cuda --autocast bfloat16)
   if ! have_cuda; then
@@ -281,9 +282,7 @@ stage_train() {
                  --dummy-accuracy 0.7 --train "$shared/data/gsm8k/train.jsonl" "${device[@]}" "${settings[@]}"
                  --save-every -1 --logger console,jsonl --output "$run" --overwrite)
   "${command[@]}" --memory-plan json >"$results/train_memory_plan.json" || return 1
-  rm -f "$results/train_metrics.jsonl"
-  "${command[@]}" || return 1
-  cp "$run/metrics.jsonl" "$results/train_metrics.jsonl"
+  "${command[@]}"
 }
 
 # The profile of a decode step, an admission, an update micro-batch and an optimizer step (benchmarks/profile_bench).
@@ -385,7 +384,7 @@ fi
 mkdir -p "$work" "$results" "$out"
 if ((unpack_only)); then stage_deps; exit; fi
 # This call's results start empty, and so does OUT: what comes back is this call's alone.
-rm -f "$results"/* "$out"/report.md "$out"/results.json "$out"/profile.md "$out"/log.txt
+rm -rf "$results"/* && rm -f "$out"/report.md "$out"/results.json "$out"/profile.md "$out"/log.txt
 exec > >(tee "$out/log.txt") 2>&1
 start=$(date +%s)
 echo "device-check: $(date -u '+%Y-%m-%d %H:%M UTC'), the $call call, stages $stages, budget ${budget}s, dry run $dry_run"
