@@ -22,6 +22,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "support/harness.hpp"
+
 namespace dapo::bench {
 
 struct ProfiledEvent {
@@ -101,13 +103,6 @@ struct ScopeProfile {
 };
 
 namespace detail {
-
-inline double median_of(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const std::size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2.0;
-}
 
 // Host events that are runtime or driver calls (cudaLaunchKernel, cudaGraphLaunch, cuLaunchKernel, ...), whose
 // correlation id names the device work they started.
@@ -205,10 +200,10 @@ inline ScopeProfile profile_scope(const std::vector<ProfiledEvent>& events, cons
       busy.emplace_back(std::max(event.start_ns, window_start), std::min(event.end_ns, window_end));
     }
   }
-  profile.kernels_per_instance = detail::median_of(kernels);
+  profile.kernels_per_instance = median(kernels);
   std::vector<double> device_ms;
   for (const double ns : device_ns) device_ms.push_back(ns / 1e6);
-  profile.device_ms_per_instance = detail::median_of(device_ms);
+  profile.device_ms_per_instance = median(device_ms);
   profile.window_ms = static_cast<double>(window_end - window_start) / 1e6;
   profile.device_busy_ms = static_cast<double>(detail::union_ns(busy)) / 1e6;
   profile.wall_ms_per_instance = profile.window_ms / static_cast<double>(count);
@@ -243,8 +238,8 @@ inline ScopeProfile profile_scope(const std::vector<ProfiledEvent>& events, cons
     all_counts.push_back(static_cast<double>(inside.size()));
     top_counts.push_back(static_cast<double>(top_level));
   }
-  profile.operators_per_instance = detail::median_of(all_counts);
-  profile.top_level_operators_per_instance = detail::median_of(top_counts);
+  profile.operators_per_instance = median(all_counts);
+  profile.top_level_operators_per_instance = median(top_counts);
 
   const auto& totals = device_totals.empty() ? host_totals : device_totals;
   for (const auto& [name, total] : totals) profile.top.push_back(total);

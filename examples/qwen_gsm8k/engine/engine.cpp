@@ -67,9 +67,10 @@ class Run {
 
  private:
   void admit() {
-    RECORD_USER_SCOPE(kAdmitScope);
     const Admission admission = scheduler_.admit();
-    if (!admission.empty()) runner_.admit(admission);
+    if (admission.empty()) return;
+    RECORD_USER_SCOPE(kAdmitScope);  // the profile's admissions: those that place sequences
+    runner_.admit(admission);
   }
 
   void decode() {
