@@ -75,6 +75,25 @@ std::vector<int64_t> greedy_tokens(qwen::Qwen2ForCausalLM& model, const std::vec
   return std::vector<int64_t>(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + tokens.numel());
 }
 
+// Three demo problems' prompts, n = 4 each, and greedy options with log-probs: 12 sequences through 6 slots, so live
+// rows 6, 5, 3, ... are rounded up with padding.
+std::pair<std::vector<qwen::EngineRequest>, qwen::EngineOptions> demo_requests(int64_t max_new_tokens) {
+  const auto tokenizer = demo_tokenizer();
+  std::vector<qwen::EngineRequest> requests;
+  qwen::EngineOptions options;
+  for (const auto& problem : qwen::make_demo_problems({.test_count = 3}).test) {
+    requests.push_back({.prompt = qwen::prompt_ids(tokenizer, "Answer.", problem.question), .n = 4});
+    options.max_prompt_tokens =
+        std::max<int64_t>(options.max_prompt_tokens, static_cast<int64_t>(requests.back().prompt.size()));
+  }
+  options.max_new_tokens = max_new_tokens;
+  options.sampling.temperature = 0.0;
+  options.return_logprobs = true;
+  options.max_num_seqs = 6;
+  options.check_every = 4;
+  return {requests, options};
+}
+
 }  // namespace
 
 TEST_CASE("CUDA: the fused CUDA loss kernel is registered exactly when dapo was built with CUDA") {
@@ -169,17 +188,7 @@ TEST_CASE("CUDA: decode steps replayed as CUDA graphs give the eager steps' sequ
   }
   CHECK(qwen::DecodeGraphs::compiled());  // a program that reaches a GPU was built against CUDA LibTorch
   auto model = seeded_demo_model(torch::Device(torch::kCUDA, 0));
-  const auto tokenizer = demo_tokenizer();
-  std::vector<qwen::EngineRequest> requests;
-  for (const auto& problem : qwen::make_demo_problems({.test_count = 3}).test) {
-    requests.push_back({.prompt = qwen::prompt_ids(tokenizer, "Answer.", problem.question), .n = 4});
-  }
-  qwen::EngineOptions options;
-  options.max_new_tokens = 24;
-  options.sampling.temperature = 0.0;
-  options.return_logprobs = true;
-  options.max_num_seqs = 6;  // 12 sequences through 6 slots: live rows 6, 5, 3, ... rounded up with padding
-  options.check_every = 4;
+  auto [requests, options] = demo_requests(24);
   options.oracle_length = [](int64_t request, int64_t sample) { return 4 + (request * 7 + sample * 5) % 21; };
   for (const bool bfloat16 : {false, true}) {
     CAPTURE(bfloat16);
@@ -203,6 +212,38 @@ TEST_CASE("CUDA: decode steps replayed as CUDA graphs give the eager steps' sequ
         CHECK(graphs[r][i].tokens == eager[r][i].tokens);
         CHECK(torch::allclose(torch::tensor(graphs[r][i].logprobs), torch::tensor(eager[r][i].logprobs), 1e-4, 1e-4));
       }
+    }
+  }
+}
+
+TEST_CASE("CUDA: a kept engine's graphs replay the weights as the optimizer leaves them (bfloat16 autocast)") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the kept engine's graph check is skipped");
+    return;
+  }
+  auto model = seeded_demo_model(torch::Device(torch::kCUDA, 0));
+  const auto [requests, options] = demo_requests(16);
+  const qwen::AutocastGuard autocast(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  qwen::GenerationEngine kept(model, options);
+  qwen::EngineStats first, second, fresh_stats;
+  qwen::generate_requests(kept, requests, &first);
+  {
+    torch::NoGradGuard no_grad;  // an optimizer step: every weight changed in place
+    for (auto& parameter : model->parameters()) parameter.mul_(0.75);
+  }
+  const auto replayed = qwen::generate_requests(kept, requests, &second);
+  qwen::GenerationEngine fresh(model, options);
+  const auto captured = qwen::generate_requests(fresh, requests, &fresh_stats);
+  CHECK(first.graph_captures > 0);
+  CHECK(second.graph_captures == 0);  // the first run's graphs, replayed
+  CHECK(second.graph_replays == second.decode_calls);
+  CHECK(fresh_stats.graph_captures > 0);
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    for (std::size_t i = 0; i < 4; ++i) {
+      CHECK(replayed[r][i].tokens == captured[r][i].tokens);  // the new weights, read through the refreshed casts
+      // The fresh engine ran each shape eagerly once before capturing it (as the eager-versus-graph test compares).
+      CHECK(
+          torch::allclose(torch::tensor(replayed[r][i].logprobs), torch::tensor(captured[r][i].logprobs), 1e-4, 1e-4));
     }
   }
 }

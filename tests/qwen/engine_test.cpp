@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -18,6 +20,7 @@
 #include "qwen_gsm8k/engine/group_stream.hpp"
 #include "qwen_gsm8k/engine/model_runner.hpp"
 #include "qwen_gsm8k/engine/scheduler.hpp"
+#include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/host_door.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
@@ -49,6 +52,22 @@ qwen::GenerationOutput greedy_reference(qwen::Qwen2ForCausalLM& model, const std
   generation.return_logprobs = true;
   return qwen::generate(model, prompts, generation);
 }
+
+// A GraphRecorder on the CPU: "captures" the step function and calls it at each replay, as a CUDA graph reruns its
+// kernels; what it counts is the engine's bookkeeping (which steps are captured, which replayed, across runs).
+struct StepRecorder final : qwen::GraphRecorder {
+  std::map<Shape, std::function<void()>> steps;
+  int64_t captured = 0, replayed = 0;
+  void capture(Shape shape, const std::function<void()>& step) override {
+    steps[shape] = step;
+    ++captured;
+  }
+  void replay(Shape shape) override {
+    steps.at(shape)();
+    ++replayed;
+  }
+  void clear() override { steps.clear(); }
+};
 
 std::vector<int64_t> row_of(const torch::Tensor& tokens, int64_t row, int64_t length) {
   const torch::Tensor values = tokens[row].narrow(0, 0, length).cpu().contiguous();
@@ -294,6 +313,91 @@ TEST_CASE("engine: at the CUDA graphs' shapes (rows and window rounded up, paddi
   CHECK(stats.sequences == 15);
 }
 
+TEST_CASE("engine: one engine serves many runs: graphs captured in its first run are only replayed after") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir, torch::kFloat32);
+  qwen::EngineOptions options;
+  options.max_num_seqs = 6;  // 15 sequences through 6 slots: live rows 6, 3, ... rounded up with padding
+  options.max_prompt_tokens = 5;
+  options.max_new_tokens = 10;
+  options.sampling = {.temperature = 1.0, .top_k = 20};
+  options.return_logprobs = true;
+  options.check_every = 4;
+  const auto recorder = std::make_shared<StepRecorder>();
+  qwen::GenerationEngine engine(model, options, recorder);
+  // A rollout: every request of requests(3) with its seed moved by `shift`; its sequences in (request, sample) order.
+  const auto rollout = [&](uint64_t shift, qwen::EngineStats& stats) {
+    std::vector<qwen::EngineRequest> reqs = requests(3);
+    for (auto& request : reqs) request.seed += shift;
+    std::size_t next = 0;
+    std::vector<qwen::EngineSequence> out;
+    stats = engine.run(
+        [&]() -> std::optional<qwen::EngineRequest> {
+          if (next == reqs.size()) return std::nullopt;
+          return reqs[next++];
+        },
+        [&](qwen::EngineSequence&& sequence) {
+          out.push_back(std::move(sequence));
+          return true;
+        });
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+      return std::pair(a.request, a.sample) < std::pair(b.request, b.sample);
+    });
+    return out;
+  };
+  qwen::EngineStats first, second, third;
+  const auto run1 = rollout(0, first);
+  const auto run2 = rollout(1000, second);
+  const auto run3 = rollout(0, third);
+  CHECK(first.graph_captures > 0);
+  CHECK(first.graph_captures == recorder->captured);
+  // Later runs meet only shapes the first captured: no capture, every step a replay.
+  CHECK(second.graph_captures == 0);
+  CHECK(third.graph_captures == 0);
+  CHECK(second.graph_replays == second.decode_calls);
+  CHECK(third.graph_replays == third.decode_calls);
+  CHECK(recorder->replayed == first.graph_replays + second.graph_replays + third.graph_replays);
+  CHECK(second.cache_bytes == first.cache_bytes);
+  // Nothing of a run leaks into the next: the first run's seeds give its sequences again, bit for bit.
+  REQUIRE(run3.size() == 15);
+  REQUIRE(run1.size() == 15);
+  bool differs = false;
+  for (std::size_t s = 0; s < run1.size(); ++s) {
+    CHECK(run3[s].tokens == run1[s].tokens);
+    CHECK(run3[s].logprobs == run1[s].logprobs);
+    differs = differs || run2[s].tokens != run1[s].tokens;
+  }
+  CHECK(differs);                                   // other seeds, other draws
+  CHECK(engine.kept_bytes() == first.cache_bytes);  // float32: no weight casts kept
+}
+
+TEST_CASE("engine: kept weight casts are refreshed in place, and dropped when a weight is replaced") {
+  torch::NoGradGuard no_grad;
+  const qwen::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+  torch::Tensor weight = torch::randn({4, 3});
+  qwen::WeightCasts store;
+  torch::Tensor cast;
+  {
+    const qwen::UseWeightCasts use(store);
+    cast = qwen::autocast_weight(weight);
+    CHECK((cast.scalar_type() == torch::kBFloat16));
+    CHECK(qwen::autocast_weight(weight).data_ptr() == cast.data_ptr());  // one cast, kept
+  }
+  {
+    const qwen::UseWeightCasts use(store);  // a later region reads the same cast
+    CHECK(qwen::autocast_weight(weight).data_ptr() == cast.data_ptr());
+  }
+  CHECK(store.size() == 1);
+  CHECK(store.bytes() == 4 * 3 * 2);
+  weight.mul_(3.0);  // an optimizer step: in place
+  CHECK(store.refresh());
+  CHECK(torch::equal(cast, weight.to(torch::kBFloat16)));  // the new values, at the old address
+  weight.set_data(torch::randn({4, 3}));                   // replaced: its memory moved
+  CHECK_FALSE(store.refresh());
+  CHECK(store.size() == 0);
+}
+
 TEST_CASE("engine: the host's door: no read or copy inside a decode step, one read per check, copies at admission") {
   const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
   if (!dir) return;
@@ -308,7 +412,8 @@ TEST_CASE("engine: the host's door: no read or copy inside a decode step, one re
     options.return_logprobs = true;
     options.sampling.temperature = sampled ? 1.0 : 0.0;
     qwen::EngineStats stats;
-    qwen::ModelRunner runner(model, options, stats);
+    qwen::ModelRunner runner(model, options, torch::kFloat32, nullptr);
+    runner.begin(stats);  // resets the pool's per-slot state on the device: no read, no copy
     const auto reqs = requests(2);
     std::size_t next = 0;
     const qwen::RequestSource source = [&]() -> std::optional<qwen::EngineRequest> {

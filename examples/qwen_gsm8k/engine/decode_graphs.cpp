@@ -1,5 +1,9 @@
-// Capture and replay through ATen's CUDAGraph (the API is the same in LibTorch 2.6 and 2.15 for what is used here).
+// Capture and replay: the shape bookkeeping for any recorder; CUDA's recorder through ATen's CUDAGraph (the API is the
+// same in LibTorch 2.6 and 2.15 for what is used here).
 #include "qwen_gsm8k/engine/decode_graphs.hpp"
+
+#include <cstdio>
+#include <exception>
 
 #if defined(DAPO_DRIVER_CUDA)
 #include <ATen/autocast_mode.h>
@@ -7,104 +11,110 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include <cstdio>
-#include <exception>
-#include <map>
 #endif
 
 namespace qwen {
+namespace {
 
 #if defined(DAPO_DRIVER_CUDA)
-struct DecodeGraphs::Graphs {
-  explicit Graphs(torch::Device where) : device(where), pool(at::cuda::graph_pool_handle()) {}
-  torch::Device device;
-  decltype(at::cuda::graph_pool_handle()) pool;  // shared: one step runs at a time, and none keeps a temporary
-  std::map<Shape, int64_t> eager_runs;
-  std::map<Shape, std::unique_ptr<at::cuda::CUDAGraph>> captured;
-};
+class CudaGraphRecorder final : public GraphRecorder {
+ public:
+  explicit CudaGraphRecorder(torch::Device device) : device_(device), pool_(at::cuda::graph_pool_handle()) {}
 
-bool DecodeGraphs::compiled() {
-  return true;
+  void capture(Shape shape, const std::function<void()>& step) override {
+    const c10::cuda::CUDAGuard device_guard(device_);
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    // Autocast's own cache off while capturing: a cast it cached would be read by the graph after autocast drops it.
+    // The weights' casts (autocast_weight) were made by the eager warm-up, outside the graph's pool.
+    const bool autocast_cache = at::autocast::is_autocast_cache_enabled();
+    const auto restore = [&] { at::autocast::set_autocast_cache_enabled(autocast_cache); };
+    try {
+      c10::cuda::device_synchronize();  // the warm-up done; capture needs a side stream with nothing pending
+      const c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, device_.index()));
+      at::autocast::set_autocast_cache_enabled(false);
+      graph->capture_begin(pool_);
+      try {
+        step();
+      } catch (...) {
+        try {
+          graph->capture_end();  // ends the stream's capture; the graph is discarded
+        } catch (const std::exception&) {
+        }
+        throw;
+      }
+      graph->capture_end();
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+    graphs_[shape] = std::move(graph);
+  }
+  void replay(Shape shape) override { graphs_.at(shape)->replay(); }
+  void clear() override { graphs_.clear(); }
+
+ private:
+  torch::Device device_;
+  decltype(at::cuda::graph_pool_handle()) pool_;  // shared: one step runs at a time, and none keeps a temporary
+  std::map<Shape, std::unique_ptr<at::cuda::CUDAGraph>> graphs_;
+};
+#endif
+
+std::shared_ptr<GraphRecorder> cuda_recorder(torch::Device device) {
+#if defined(DAPO_DRIVER_CUDA)
+  if (device.is_cuda()) return std::make_shared<CudaGraphRecorder>(device);
+#else
+  (void)device;
+#endif
+  return nullptr;
 }
 
-DecodeGraphs::DecodeGraphs(torch::Device device, bool wanted) {
-  if (wanted && device.is_cuda()) {
-    graphs_ = std::make_unique<Graphs>(device);
-    active_ = true;
-  }
+}  // namespace
+
+bool DecodeGraphs::compiled() {
+#if defined(DAPO_DRIVER_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+DecodeGraphs::DecodeGraphs(torch::Device device, bool wanted, std::shared_ptr<GraphRecorder> recorder) {
+  if (wanted) recorder_ = recorder ? std::move(recorder) : cuda_recorder(device);
 }
 
 bool DecodeGraphs::capture(Shape shape, const std::function<void()>& step) {
-  const c10::cuda::CUDAGuard device_guard(graphs_->device);
-  auto graph = std::make_unique<at::cuda::CUDAGraph>();
-  // Autocast's own cache off while capturing: a cast it cached would be read by the graph after autocast drops it.
-  // The weights' casts (autocast_weight) were made by the eager warm-up, outside the graph's pool.
-  const bool autocast_cache = at::autocast::is_autocast_cache_enabled();
   try {
-    c10::cuda::device_synchronize();  // the warm-up done; capture needs a side stream with nothing pending
-    const c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, graphs_->device.index()));
-    at::autocast::set_autocast_cache_enabled(false);
-    graph->capture_begin(graphs_->pool);
-    try {
-      step();
-    } catch (...) {
-      try {
-        graph->capture_end();  // ends the stream's capture; the graph is discarded
-      } catch (const std::exception&) {
-      }
-      throw;
-    }
-    graph->capture_end();
+    recorder_->capture(shape, step);
   } catch (const std::exception& error) {
-    at::autocast::set_autocast_cache_enabled(autocast_cache);
-    active_ = false;
+    recorder_.reset();
     std::fprintf(stderr,
                  "engine: capturing the decode step at %lld rows x %lld positions failed: %s; decoding without CUDA "
                  "graphs from here on\n",
                  static_cast<long long>(shape.first), static_cast<long long>(shape.second), error.what());
     return false;
   }
-  at::autocast::set_autocast_cache_enabled(autocast_cache);
-  graphs_->captured.emplace(shape, std::move(graph));
+  captured_[shape] = true;
   ++captures_;
   return true;
 }
 
 void DecodeGraphs::run(Shape shape, const std::function<void()>& step) {
-  if (active_) {
-    const auto found = graphs_->captured.find(shape);
-    if (found != graphs_->captured.end()) {
-      found->second->replay();
-      ++replays_;
-      return;
-    }
-    if (graphs_->eager_runs[shape]++ > 0 && capture(shape, step)) {
-      graphs_->captured.at(shape)->replay();  // capturing ran nothing: this step's work is the first replay
+  if (active()) {
+    if (captured_.count(shape) == 0 && eager_runs_[shape]++ > 0) capture(shape, step);
+    if (active() && captured_.count(shape) > 0) {
+      recorder_->replay(shape);  // right after a capture, which ran nothing, this is the step's work
       ++replays_;
       return;
     }
   }
   step();
 }
-#else
-struct DecodeGraphs::Graphs {};
 
-bool DecodeGraphs::compiled() {
-  return false;
+void DecodeGraphs::clear() {
+  if (recorder_) recorder_->clear();
+  eager_runs_.clear();
+  captured_.clear();
 }
-
-DecodeGraphs::DecodeGraphs(torch::Device /*device*/, bool /*wanted*/) {}
-
-bool DecodeGraphs::capture(Shape /*shape*/, const std::function<void()>& /*step*/) {
-  return false;
-}
-
-void DecodeGraphs::run(Shape /*shape*/, const std::function<void()>& step) {
-  step();
-}
-#endif
-
-DecodeGraphs::~DecodeGraphs() = default;
 
 }  // namespace qwen

@@ -43,23 +43,27 @@ SchedulerOptions scheduler_options(const EngineOptions& options, int64_t vocab_s
 
 class Run {
  public:
-  Run(Qwen2ForCausalLM& model, const EngineOptions& options, const RequestSource& source, const SequenceSink& sink)
+  Run(ModelRunner& runner, const EngineOptions& options, int64_t vocab_size, const RequestSource& source,
+      const SequenceSink& sink)
       : options_(options),
         sink_(sink),
-        runner_(model, options, stats_),
-        scheduler_(scheduler_options(options, model->config().vocab_size, runner_.rounded_shapes()), source, stats_) {}
+        runner_(runner),
+        scheduler_(scheduler_options(options, vocab_size, runner_.rounded_shapes()), source, stats_) {}
 
   EngineStats run() {
     torch::NoGradGuard no_grad;
     const host_door::Counts start = host_door::counts();
+    runner_.begin(stats_);
+    const UseWeightCasts casts(runner_.weight_casts());
+    const int64_t captures = runner_.graph_captures(), replays = runner_.graph_replays();
     admit();
     while (!scheduler_.idle()) {
       for (int64_t since = 0; since < options_.check_every && !scheduler_.at_budget(); ++since) decode();
       if (!check()) break;
       admit();
     }
-    stats_.graph_captures = runner_.graph_captures();
-    stats_.graph_replays = runner_.graph_replays();
+    stats_.graph_captures = runner_.graph_captures() - captures;
+    stats_.graph_replays = runner_.graph_replays() - replays;
     stats_.host_reads = host_door::counts().reads - start.reads;
     stats_.host_copies = host_door::counts().copies - start.copies;
     return stats_;
@@ -112,19 +116,33 @@ class Run {
   const EngineOptions& options_;
   const SequenceSink& sink_;
   EngineStats stats_;
-  ModelRunner runner_;
+  ModelRunner& runner_;
   Scheduler scheduler_;
 };
 
 }  // namespace
 
-GenerationEngine::GenerationEngine(Qwen2ForCausalLM& model, EngineOptions options)
-    : model_(model), options_(std::move(options)) {
+GenerationEngine::GenerationEngine(Qwen2ForCausalLM& model, EngineOptions options,
+                                   std::shared_ptr<GraphRecorder> recorder)
+    : model_(model), options_(std::move(options)), recorder_(std::move(recorder)) {
   options_.validate();
 }
 
+GenerationEngine::~GenerationEngine() = default;
+
 EngineStats GenerationEngine::run(const RequestSource& source, const SequenceSink& sink) {
-  return Run(model_, options_, source, sink).run();
+  // Keys and values in the dtype the projections produce: autocast's when it is on, else the weights'.
+  const torch::Device device = model_->lm_head_weight().device();
+  const torch::ScalarType dtype = active_autocast_dtype(device).value_or(model_->lm_head_weight().scalar_type());
+  if (!runner_ || runner_->cache_dtype() != dtype) {
+    runner_.reset();  // the old pool goes before the new one is made
+    runner_ = std::make_unique<ModelRunner>(model_, options_, dtype, recorder_);
+  }
+  return Run(*runner_, options_, model_->config().vocab_size, source, sink).run();
+}
+
+int64_t GenerationEngine::kept_bytes() const {
+  return runner_ ? runner_->kept_bytes() : 0;
 }
 
 std::vector<std::vector<EngineSequence>> generate_requests(Qwen2ForCausalLM& model,
@@ -136,12 +154,18 @@ std::vector<std::vector<EngineSequence>> generate_requests(Qwen2ForCausalLM& mod
           std::max<int64_t>(options.max_prompt_tokens, static_cast<int64_t>(request.prompt.size()));
     }
   }
+  GenerationEngine engine(model, std::move(options));
+  return generate_requests(engine, requests, stats);
+}
+
+std::vector<std::vector<EngineSequence>> generate_requests(GenerationEngine& engine,
+                                                           const std::vector<EngineRequest>& requests,
+                                                           EngineStats* stats) {
   std::vector<std::vector<EngineSequence>> out(requests.size());
   for (std::size_t r = 0; r < requests.size(); ++r) {
     out[r].resize(static_cast<std::size_t>(std::max<int64_t>(requests[r].n, 0)));
   }
   std::size_t next = 0;
-  GenerationEngine engine(model, std::move(options));
   const EngineStats result = engine.run(
       [&]() -> std::optional<EngineRequest> {
         if (next == requests.size()) return std::nullopt;

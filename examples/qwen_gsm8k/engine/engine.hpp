@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,22 +63,45 @@ struct EngineOptions {
   void validate() const;  // throws std::invalid_argument naming the option
 };
 
+class ModelRunner;
+class GraphRecorder;
+
+// One engine serves any number of runs: its model runner (the slot pool, the per-slot state, the weights' autocast
+// casts and the decode step's CUDA graphs) is made by the first run and kept, so a training run that keeps its engine
+// captures each step shape once and later rollouts only replay (vLLM's engine keeps its graphs the same way). The
+// runner is made anew only when a run's autocast dtype differs from the pool's.
 class GenerationEngine {
  public:
-  GenerationEngine(Qwen2ForCausalLM& model, EngineOptions options);
+  // `recorder`: how decode steps are captured as graphs (null: CUDA graphs where the build and device have them);
+  // tests give one that records on the CPU.
+  GenerationEngine(Qwen2ForCausalLM& model, EngineOptions options, std::shared_ptr<GraphRecorder> recorder = nullptr);
+  ~GenerationEngine();
+  GenerationEngine(const GenerationEngine&) = delete;
+  GenerationEngine& operator=(const GenerationEngine&) = delete;
+  GenerationEngine(GenerationEngine&&) = delete;  // the runner refers to the engine's options
+  GenerationEngine& operator=(GenerationEngine&&) = delete;
+
   // Generates until the source is empty and every sequence is handed over, or the sink says stop. Under NoGradGuard;
   // autocast as the caller set it. Throws std::invalid_argument for a bad request (naming its index).
   EngineStats run(const RequestSource& source, const SequenceSink& sink);
   const EngineOptions& options() const { return options_; }
+  // What the kept runner holds on the device between runs: the slot pool and the weights' casts (0 before a run).
+  int64_t kept_bytes() const;
 
  private:
   Qwen2ForCausalLM model_;
   EngineOptions options_;
+  std::shared_ptr<GraphRecorder> recorder_;
+  std::unique_ptr<ModelRunner> runner_;
 };
 
 // Every request's sequences, [request][sample], with max_prompt_tokens taken from the requests when it is 0.
 std::vector<std::vector<EngineSequence>> generate_requests(Qwen2ForCausalLM& model,
                                                            const std::vector<EngineRequest>& requests,
                                                            EngineOptions options, EngineStats* stats = nullptr);
+// The same through a kept engine (its max_prompt_tokens must hold every prompt).
+std::vector<std::vector<EngineSequence>> generate_requests(GenerationEngine& engine,
+                                                           const std::vector<EngineRequest>& requests,
+                                                           EngineStats* stats = nullptr);
 
 }  // namespace qwen

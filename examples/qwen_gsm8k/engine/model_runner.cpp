@@ -26,17 +26,16 @@ torch::Tensor draw(const torch::Tensor& scores, const torch::Tensor& uniforms, c
 
 }  // namespace
 
-ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, EngineStats& stats)
+ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, torch::ScalarType cache_dtype,
+                         std::shared_ptr<GraphRecorder> recorder)
     : model_(model),
       options_(options),
-      stats_(stats),
       device_(model->lm_head_weight().device()),
       slots_(options.max_num_seqs),
       capacity_(options.max_prompt_tokens + options.max_new_tokens),
-      // Keys and values in the dtype the projections produce: autocast's when it is on, else the weights'.
-      cache_dtype_(active_autocast_dtype(device_).value_or(model->lm_head_weight().scalar_type())),
+      cache_dtype_(cache_dtype),
       cache_(model->config(), slots_, capacity_, model->lm_head_weight().options().dtype(cache_dtype_)),
-      graphs_(device_, options.cuda_graphs) {
+      graphs_(device_, options.cuda_graphs, std::move(recorder)) {
   const auto longs = torch::TensorOptions().dtype(torch::kInt64).device(device_);
   const int64_t width = options.max_new_tokens;
   next_token_ = torch::zeros({slots_}, longs);
@@ -58,7 +57,17 @@ ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, 
     per_row_.push_back(&uniforms_);
   }
   stop_ids_ = host_door::to_device(options.stop_ids.empty() ? std::vector<int64_t>{-1} : options.stop_ids, device_);
-  stats_.cache_bytes = cache_.bytes();
+}
+
+void ModelRunner::begin(EngineStats& stats) {
+  stats_ = &stats;
+  stats_->cache_bytes = cache_.bytes();
+  kept_.clear();
+  // Free slots as a fresh pool's: the padding rows of a rounded step read them (positions stay in range).
+  positions_.zero_();
+  generated_index_.zero_();
+  finished_at_.fill_(-1);
+  if (!casts_.refresh()) graphs_.clear();  // a weight was replaced, not changed in place: capture again
 }
 
 // Prompts right-padded into one batch, positions from 0.
@@ -77,7 +86,7 @@ ModelRunner::Prefill ModelRunner::prefill(const std::vector<const std::vector<in
     ids[p].narrow(0, 0, length).copy_(torch::tensor(prompt, torch::kInt64));
     mask[p].narrow(0, 0, length).fill_(1);
     last.push_back(length - 1);
-    stats_.prefill_tokens += length;
+    stats_->prefill_tokens += length;
   }
   ids = host_door::to_device(ids, device_);
   mask = host_door::to_device(mask, device_);
@@ -91,8 +100,8 @@ ModelRunner::Prefill ModelRunner::prefill(const std::vector<const std::vector<in
     out.keys.push_back(cache.layer_keys(layer));
     out.values.push_back(cache.layer_values(layer));
   }
-  ++stats_.prefill_calls;
-  stats_.prefill_rows += count;
+  ++stats_->prefill_calls;
+  stats_->prefill_rows += count;
   return out;
 }
 

@@ -1,7 +1,9 @@
 // The generation engine's model runner, as nano-vllm's: what the scheduler decides, done with tensors on the model's
 // device. It owns the slot pool (slot_cache.hpp), each slot's decode state (the token the next step feeds, its
 // position, its generated tokens and their log-probs, the first stop's index, the draws' uniforms, the tokens seen),
-// the prefills kept for requests whose later samples wait, and the decode step's CUDA graphs (decode_graphs.hpp). It
+// the prefills kept for requests whose later samples wait, the weights' autocast casts and the decode step's CUDA
+// graphs (decode_graphs.hpp). It lives as long as its engine: a run begins by resetting the per-run state and
+// refreshing the casts in place, so that the graphs captured in an earlier run are replayed, not captured again. It
 // knows nothing of requests' order or of when to check: the scheduler (scheduler.hpp) does.
 //
 // Shapes: S = slots, R = the step's rows, N = max_new_tokens, V = vocabulary, C = slot capacity, W = the step's window.
@@ -11,19 +13,29 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "qwen_gsm8k/engine/decode_graphs.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/engine/scheduler.hpp"
 #include "qwen_gsm8k/engine/slot_cache.hpp"
+#include "qwen_gsm8k/model/autocast.hpp"
 
 namespace qwen {
 
 class ModelRunner {
  public:
-  // `stats`: the counts the runner keeps (prefill calls, rows and tokens; the pool's bytes; graph captures, replays).
-  ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, EngineStats& stats);
+  // The pool's keys and values in `cache_dtype`; `recorder`: the graphs' (null: CUDA's where there are CUDA graphs).
+  ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, torch::ScalarType cache_dtype,
+              std::shared_ptr<GraphRecorder> recorder);
+
+  // A run's start: its counts go to `stats` (prefill calls, rows and tokens, the pool's bytes) until the next begin;
+  // no sequence is live; the weights' casts take their current values (in place).
+  void begin(EngineStats& stats);
+  torch::ScalarType cache_dtype() const { return cache_dtype_; }
+  WeightCasts& weight_casts() { return casts_; }
+  int64_t kept_bytes() const { return cache_.bytes() + casts_.bytes(); }  // the pool and the casts
 
   // Whether decode steps run at the graphs' rounded shapes (graphs on and capturable here, or graph_shapes).
   bool rounded_shapes() const { return options_.graph_shapes || graphs_.active(); }
@@ -40,7 +52,7 @@ class ModelRunner {
   std::pair<torch::Tensor, torch::Tensor> outputs(const std::vector<int64_t>& rows) const;
   void move(const Compaction& moves);  // the scheduler's compaction, on the device
 
-  int64_t graph_captures() const { return graphs_.captures(); }
+  int64_t graph_captures() const { return graphs_.captures(); }  // since construction
   int64_t graph_replays() const { return graphs_.replays(); }
 
  private:
@@ -56,11 +68,12 @@ class ModelRunner {
 
   Qwen2ForCausalLM& model_;
   const EngineOptions& options_;
-  EngineStats& stats_;
+  EngineStats* stats_ = nullptr;  // the current run's
   torch::Device device_;
   int64_t slots_, capacity_;
   torch::ScalarType cache_dtype_;
   SlotCache cache_;
+  WeightCasts casts_;  // autocast_weight's casts while a run lasts (UseWeightCasts), refreshed by begin()
   DecodeGraphs graphs_;
   std::map<int64_t, Prefill> kept_;  // by request: a half-admitted request's prompt, [1, KV, P, D] and [1, V]
   // Per slot: the token the next step feeds, its position, the index of the next token, the first stop's index (-1),

@@ -54,27 +54,89 @@ inline std::optional<torch::ScalarType> active_autocast_dtype(torch::Device devi
 }
 
 namespace autocast_state {
-// Casts of weights made inside the outermost AutocastGuard, kept until it ends: ATen's autocast keeps its casts of
-// parameters the same way, but only where it caches (LibTorch 1.x's CPU autocast does not) and never for a weight
-// read through a view or a fused block. Keyed by the tensor; the memory it read is checked too.
 struct WeightCast {
   torch::Tensor source, cast;  // source held so that no other tensor takes its key while cached
   const void* data = nullptr;
 };
-inline std::unordered_map<const c10::TensorImpl*, WeightCast>& weight_casts() {
-  thread_local std::unordered_map<const c10::TensorImpl*, WeightCast> casts;
-  return casts;
-}
 inline int& guards() {  // AutocastGuards alive on this thread
   thread_local int depth = 0;
   return depth;
 }
 }  // namespace autocast_state
 
+// Casts of weights, keyed by the tensor (the memory it read is checked too). Each thread has one for the outermost
+// AutocastGuard, kept until it ends: ATen's autocast keeps its casts of parameters the same way, but only where it
+// caches (LibTorch 1.x's CPU autocast does not) and never for a weight read through a view or a fused block. And the
+// generation engine keeps one that outlives autocast regions for as long as it lives, so that its decode step's CUDA
+// graphs read the casts at the same addresses in every run: refresh() writes each weight's current values into its
+// cast in place (one copy per weight) at the start of a run, after the optimizer has changed them. Installed on this
+// thread by a UseWeightCasts scope, where autocast_weight reads and fills it instead of the region's.
+class WeightCasts {
+ public:
+  // The cast of `weight` in `dtype`, made the first time it is asked for.
+  torch::Tensor get(const torch::Tensor& weight, torch::ScalarType dtype) {
+    const auto found = casts_.find(weight.unsafeGetTensorImpl());
+    if (found != casts_.end() && found->second.data == weight.data_ptr() && found->second.cast.scalar_type() == dtype) {
+      return found->second.cast;
+    }
+    torch::Tensor cast = weight.to(dtype);
+    casts_[weight.unsafeGetTensorImpl()] = {weight, cast, weight.data_ptr()};
+    return cast;
+  }
+  // Copies every weight into its cast. False, and the store emptied, when a weight's memory has moved (a weight
+  // replaced rather than changed in place): what read the old casts must be rebuilt.
+  bool refresh() {
+    const torch::NoGradGuard no_grad;
+    for (const auto& [key, entry] : casts_) {
+      if (entry.source.data_ptr() != entry.data) {
+        casts_.clear();
+        return false;
+      }
+    }
+    for (auto& [key, entry] : casts_) entry.cast.copy_(entry.source);
+    return true;
+  }
+  void clear() { casts_.clear(); }
+  int64_t size() const { return static_cast<int64_t>(casts_.size()); }
+  int64_t bytes() const {
+    int64_t total = 0;
+    for (const auto& [key, entry] : casts_) total += static_cast<int64_t>(entry.cast.nbytes());
+    return total;
+  }
+
+ private:
+  std::unordered_map<const c10::TensorImpl*, autocast_state::WeightCast> casts_;
+};
+
+namespace autocast_state {
+inline WeightCasts& region_casts() {  // the outermost AutocastGuard's
+  thread_local WeightCasts casts;
+  return casts;
+}
+inline WeightCasts*& installed_casts() {  // the UseWeightCasts store in force on this thread, or null
+  thread_local WeightCasts* store = nullptr;
+  return store;
+}
+}  // namespace autocast_state
+
+// autocast_weight reads and fills `store` while this scope lives (scopes nest: the innermost wins).
+class UseWeightCasts {
+ public:
+  explicit UseWeightCasts(WeightCasts& store) : previous_(autocast_state::installed_casts()) {
+    autocast_state::installed_casts() = &store;
+  }
+  ~UseWeightCasts() { autocast_state::installed_casts() = previous_; }
+  UseWeightCasts(const UseWeightCasts&) = delete;
+  UseWeightCasts& operator=(const UseWeightCasts&) = delete;
+
+ private:
+  WeightCasts* previous_;
+};
+
 // A weight as a matrix product under autocast should read it: without gradients, inside an AutocastGuard that turned
 // autocast on for the weight's device, a float32 weight's copy in autocast's dtype, made once per outermost guard (one
 // cast per generation, not one per decode step); otherwise the weight itself, for autocast to cast as it does (with
-// gradients the cast belongs in the graph).
+// gradients the cast belongs in the graph). Under UseWeightCasts, the installed store's cast, kept across regions.
 inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
   if (!weight.defined() || autocast_state::guards() == 0 || torch::GradMode::is_enabled() ||
       weight.scalar_type() != torch::kFloat32) {
@@ -82,15 +144,8 @@ inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
   }
   const std::optional<torch::ScalarType> active = active_autocast_dtype(weight.device());
   if (!active || *active == torch::kFloat32) return weight;
-  const torch::ScalarType dtype = *active;
-  auto& casts = autocast_state::weight_casts();
-  const auto found = casts.find(weight.unsafeGetTensorImpl());
-  if (found != casts.end() && found->second.data == weight.data_ptr() && found->second.cast.scalar_type() == dtype) {
-    return found->second.cast;
-  }
-  torch::Tensor cast = weight.to(dtype);
-  casts[weight.unsafeGetTensorImpl()] = {weight, cast, weight.data_ptr()};
-  return cast;
+  WeightCasts* installed = autocast_state::installed_casts();
+  return (installed != nullptr ? *installed : autocast_state::region_casts()).get(weight, *active);
 }
 
 class AutocastGuard {
@@ -108,7 +163,7 @@ class AutocastGuard {
   }
   ~AutocastGuard() {
     if (!active_) return;
-    if (--autocast_state::guards() == 0) autocast_state::weight_casts().clear();
+    if (--autocast_state::guards() == 0) autocast_state::region_casts().clear();
     if (at::autocast::decrement_nesting() == 0) {  // casts of weights cached in the region
       at::autocast::clear_cache();
     }

@@ -98,6 +98,12 @@ MemoryPlan plan_memory(const MemoryPlanInput& input) {
                                           // held for the whole generation (autocast_weight: one cast each)
                                           {"weight casts (autocast)", autocast ? L * params.layer_linear * 2 : 0},
                                           {"sampling buffers", sampling}}));
+  // The engine is kept for the run (its CUDA graphs with it) unless free_cache_engine: its pool and, under autocast,
+  // the weights' casts stay through the phases that follow.
+  if (!o.free_cache_engine) {
+    resident.push_back({"rollout engine kept (KV cache, weight casts)",
+                        L * 2 * rows * KV * T * D * ab + (autocast ? L * params.layer_linear * 2 + V * H * 2 : 0)});
+  }
 
   // The micro-batches: this rank's share of a mini-batch, whole groups or a token budget; the worst case is rows of
   // the longest length.
@@ -195,6 +201,12 @@ std::vector<std::string> settings_that_fit(const MemoryPlanInput& input, int64_t
         }
       }
     }
+  }
+  // Where the kept engine tips a later phase over: free it after each step's rollouts (its graphs captured again).
+  if (!o.free_cache_engine) {
+    MemoryPlanInput freed = input;
+    freed.options.free_cache_engine = true;
+    if (fits(freed)) found.push_back("--free-cache-engine");
   }
   // Where the rollout is what does not fit: fewer rows per generate call.
   MemoryPlanInput candidate = input;

@@ -2,7 +2,9 @@
 // alone (no weight is read): the rollout (KV cache at the round's size, sampling), the no-grad log-prob passes (old and
 // reference log-probs) and the update (gradients, the activations of the largest micro-batch at its worst-case length,
 // with or without checkpointing, the lm-head's chunk). Each phase adds what is resident throughout: the weights,
-// AdamW's state (from the first update on) and the KL reference. The peak is the largest phase.
+// AdamW's state (from the first update on) and the KL reference; the phases after the rollout add the rollout engine
+// the trainer keeps for its CUDA graphs (its KV cache and weight casts), unless free_cache_engine. The peak is the
+// largest phase.
 //
 // The per-token activation bytes are LibTorch's own, counted exactly by the tracking CPU allocator at three model
 // shapes (benchmarks/memory_bench, docs/benchmarks.md): float32 4 (12 H + 4 I + 2) bytes per token per decoder layer,

@@ -80,22 +80,32 @@ Response make_response(const Tokenizer& tokenizer, EngineSequence&& sequence, co
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats,
                            const ChunkProgress& on_chunk) {
+  int64_t longest = 0;
+  for (const auto& problem : problems) {
+    longest = std::max<int64_t>(
+        longest, static_cast<int64_t>(prompt_ids(tokenizer, options.system_prompt, problem.question).size()));
+  }
+  if (problems.empty()) return {};
+  const auto rows = static_cast<int64_t>(problems.size()) * options.group_size;
+  GenerationEngine engine(model, rollout_engine_options(options, rows, longest));
+  return rollout(engine, tokenizer, problems, options, seed, stats, on_chunk);
+}
+
+std::vector<Group> rollout(GenerationEngine& engine, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                           const RolloutOptions& options, uint64_t seed, RolloutStats* stats,
+                           const ChunkProgress& on_chunk) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<Group> groups(problems.size());
-  int64_t longest = 0;
   for (std::size_t g = 0; g < problems.size(); ++g) {
     groups[g].problem = problems[g];
     groups[g].prompt = prompt_ids(tokenizer, options.system_prompt, problems[g].question);
     groups[g].responses.resize(static_cast<std::size_t>(options.group_size));
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(groups[g].prompt.size()));
   }
   if (groups.empty()) return groups;
   const auto rows = static_cast<int64_t>(groups.size()) * options.group_size;
-  const EngineOptions engine_options = rollout_engine_options(options, rows, longest);
-  const int64_t report_every = engine_options.max_num_seqs;
+  const int64_t report_every = std::min(engine.options().max_num_seqs, rows);
   int64_t done = 0;
   std::size_t next = 0;
-  GenerationEngine engine(model, engine_options);
   const EngineStats counts = engine.run(
       [&]() -> std::optional<EngineRequest> {
         if (next == groups.size()) return std::nullopt;

@@ -104,5 +104,9 @@ std::vector<Group> decode_groups(const double* values, std::size_t count);
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats = nullptr,
                            const ChunkProgress& on_chunk = {});
+// The same through an engine the caller keeps (its options as rollout_engine_options gives them for `options`).
+std::vector<Group> rollout(GenerationEngine& engine, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                           const RolloutOptions& options, uint64_t seed, RolloutStats* stats = nullptr,
+                           const ChunkProgress& on_chunk = {});
 
 }  // namespace qwen

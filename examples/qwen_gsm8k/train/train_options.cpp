@@ -138,6 +138,7 @@ nlohmann::json TrainOptions::to_json() const {
                       {"gradient_checkpointing", gradient_checkpointing},
                       {"shared_prompt", shared_prompt},
                       {"cuda_graphs", cuda_graphs},
+                      {"free_cache_engine", free_cache_engine},
                       {"eval_every", eval_every},
                       {"eval_problems", eval_problems},
                       {"eval_pass_k", eval_pass_k},

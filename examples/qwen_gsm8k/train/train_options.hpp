@@ -104,6 +104,10 @@ struct TrainOptions {
   int64_t max_rollout_rows = 0;  // the generation engine's slots (vLLM's max_num_seqs); 0: every row of a round
   // On CUDA, decode steps as CUDA graphs (EngineOptions::cuda_graphs; vLLM's default, its enforce_eager = false).
   bool cuda_graphs = true;
+  // Drop the generation engine after each step's rollouts (verl's rollout.free_cache_engine): its slot pool, the
+  // weights' casts and its CUDA graphs are freed for the update and made again (graphs captured again) next step.
+  // Default: kept for the whole run, so every step's rollout replays the graphs the first one captured.
+  bool free_cache_engine = false;
   int64_t eval_every = 0;  // trainer.test_freq; 0: only at the start and the end
   int64_t eval_problems = 100;
   int64_t eval_pass_k = 0;       // also pass@k with sampling when > 0

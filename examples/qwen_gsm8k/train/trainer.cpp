@@ -112,6 +112,7 @@ nlohmann::json Trainer::step() {
   memory_->start();
   nlohmann::json metrics{{"step", step_ + 1}};
   const std::vector<Group> groups = collect_groups(metrics);
+  if (options_.free_cache_engine) rollout_engine_.reset();
   TrainBatch batch = build_train_batch(groups, options_.rollout_n, rollout_options_.generation.pad_id,
                                        options_.mask_truncated, options_.advantage, options_.adv_estimator);
   PolicyUpdate update{model_, *optimizer_, *communicator_, options_, reference_.is_empty() ? nullptr : &reference_};

@@ -22,6 +22,7 @@
 
 #include "qwen_gsm8k/data/data.hpp"
 #include "qwen_gsm8k/dist/distributed.hpp"
+#include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/logging/metric_log.hpp"
 #include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/model.hpp"
@@ -112,6 +113,9 @@ class Trainer {
                                    nlohmann::json& metrics);
   // The longest chat prompt of the training problems, in tokens (computed once): the engine's slot capacity.
   int64_t max_train_prompt_tokens();
+  // The rollouts' generation engine, made at the first rollout for a round's rows on this rank and kept (its CUDA
+  // graphs with it) until the run ends, or until the step's rollouts end with free_cache_engine.
+  GenerationEngine& rollout_engine();
   bool is_root() const { return communicator_ == nullptr || communicator_->is_root(); }
   int world_size() const { return communicator_ == nullptr ? 1 : communicator_->world_size(); }
   void write_report() const;
@@ -121,6 +125,7 @@ class Trainer {
   void evaluate_and_report(bool with_count);
 
   Qwen2ForCausalLM model_;
+  std::unique_ptr<GenerationEngine> rollout_engine_;  // rollout_engine()
   // The frozen starting policy of a KL loss (options.kl_loss_coef > 0): a copy of the model as the trainer received it
   // (after a resume, still the starting weights: resume loads the checkpoint into model_ only). Empty otherwise.
   Qwen2ForCausalLM reference_{nullptr};

@@ -92,11 +92,9 @@ std::vector<Group> Trainer::stream_groups(int64_t per_round, RolloutStats& stats
       {.target_groups = target, .group_size = options_.rollout_n, .max_rounds = 0});
   std::vector<Group> groups;                    // by request index
   std::vector<std::vector<double>> accuracies;  // of each complete group
-  const int64_t longest = max_train_prompt_tokens();
   const AutocastGuard autocast(model_->lm_head_weight().device(), options_.autocast);
   const auto started = std::chrono::steady_clock::now();
-  GenerationEngine engine(model_, rollout_engine_options(rollout_options_, per_round * options_.rollout_n, longest));
-  const EngineStats counts = engine.run(
+  const EngineStats counts = rollout_engine().run(
       [&]() -> std::optional<EngineRequest> {
         if (!stream.admit()) return std::nullopt;
         Group group;
@@ -144,6 +142,16 @@ std::vector<Group> Trainer::stream_groups(int64_t per_round, RolloutStats& stats
   return batch;
 }
 
+GenerationEngine& Trainer::rollout_engine() {
+  if (!rollout_engine_) {
+    const int64_t per_round = options_.gen_batch_size > 0 ? options_.gen_batch_size : options_.train_batch_size;
+    const int64_t rows = (per_round + world_size() - 1) / world_size() * options_.rollout_n;  // this rank's share
+    rollout_engine_ = std::make_unique<GenerationEngine>(
+        model_, rollout_engine_options(rollout_options_, rows, max_train_prompt_tokens()));
+  }
+  return *rollout_engine_;
+}
+
 int64_t Trainer::max_train_prompt_tokens() {
   if (max_train_prompt_tokens_ == 0) {
     max_train_prompt_tokens_ = longest_prompt_tokens(tokenizer_, rollout_options_.system_prompt, train_);
@@ -159,7 +167,7 @@ std::vector<Group> Trainer::round_groups(const std::vector<Problem>& problems, u
     own = options_.fixed_rollouts(mine);
   } else if (!mine.empty()) {
     const AutocastGuard autocast(model_->lm_head_weight().device(), options_.autocast);
-    own = rollout(model_, tokenizer_, mine, rollout_options_, seed, &stats);
+    own = rollout(rollout_engine(), tokenizer_, mine, rollout_options_, seed, &stats);
   }
   if (world_size() == 1) return own;
   std::vector<double> packed = encode_groups(own);
