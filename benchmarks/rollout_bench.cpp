@@ -3,9 +3,10 @@
 // static batches, and the engine's continuous batching, each with one prefill per sequence or per prompt; then
 // dynamic sampling, sequential rounds of static batches (the trainer before the engine) against the engine's streaming
 // as the trainer runs it (qwen::GroupStream: admission control, groups decided in prompt order, the run stopped when
-// enough are kept). Random weights never stop, so each sequence
-// gets an oracle stop length drawn from a log-normal (median --median-fraction x max_new_tokens, sigma --sigma, cut at
-// max_new_tokens), and a group is kept with probability --keep rates by a seeded hash (as if its rewards disagreed).
+// enough are kept). Random weights never stop, so each group gets a length drawn from a log-normal (median
+// --median-fraction x max_new_tokens, sigma --sigma, cut at max_new_tokens), its request's token budget (max_tokens:
+// noticed at a check, as a stop token is), and a group is kept with probability --keep rates by a seeded hash (as if
+// its rewards disagreed).
 //
 // Reported per mode: decode calls (model forwards of one token per row), rows computed (their rows summed), rows
 // computed per useful token, prefill rows and tokens, finished-flag checks (host synchronisations), the engine's reads
@@ -49,10 +50,10 @@ struct Args {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
-// The workload: group g's prompt (length uniform in [prompt_tokens / 2, prompt_tokens]) and its n oracle lengths.
+// The workload: group g's prompt (length uniform in [prompt_tokens / 2, prompt_tokens]) and its responses' length.
 struct Workload {
   std::vector<std::vector<int64_t>> prompts;
-  std::vector<std::vector<int64_t>> lengths;  // [group][sample]
+  std::vector<int64_t> lengths;  // [group]: each of its n samples ends there
 };
 
 Workload make_workload(const Args& args, int64_t groups, int64_t vocab) {
@@ -66,11 +67,7 @@ Workload make_workload(const Args& args, int64_t groups, int64_t vocab) {
     std::vector<int64_t> prompt(static_cast<std::size_t>(prompt_length(random)));
     for (auto& id : prompt) id = token(random);
     work.prompts.push_back(prompt);
-    std::vector<int64_t> lengths;
-    for (int64_t i = 0; i < args.n; ++i) {
-      lengths.push_back(std::clamp<int64_t>(std::llround(length(random)), 1, args.max_new_tokens));
-    }
-    work.lengths.push_back(lengths);
+    work.lengths.push_back(std::clamp<int64_t>(std::llround(length(random)), 1, args.max_new_tokens));
   }
   return work;
 }
@@ -125,13 +122,13 @@ class Bench {
       : model_(model), args_(args), memory_(memory) {}
 
   // The static path (qwen::generate, the trainer's rollouts before the engine): the groups' prompts repeated n times in
-  // one batch, decoded until the longest oracle length (random weights never stop; a finished row would run on as
-  // padding).
+  // one batch, decoded until the longest length (random weights never stop; a finished row would run on as padding).
   Result static_batch(const Workload& work, int64_t first, int64_t count, const std::string& mode) {
     std::vector<std::vector<int64_t>> prompts;
     int64_t longest = 0, useful = 0, prompt_tokens = 0;
     for (int64_t g = first; g < first + count; ++g) {
-      for (const int64_t length : work.lengths[static_cast<std::size_t>(g)]) {
+      for (int64_t i = 0; i < args_.n; ++i) {
+        const int64_t length = work.lengths[static_cast<std::size_t>(g)];
         prompts.push_back(work.prompts[static_cast<std::size_t>(g)]);
         prompt_tokens += static_cast<int64_t>(prompts.back().size());
         longest = std::max(longest, length);
@@ -165,7 +162,7 @@ class Bench {
   }
 
   qwen::EngineOptions engine_options(int64_t max_prompt, int64_t slots, bool shared, bool continuous,
-                                     const Workload& work, double temperature = 1.0) const {
+                                     double temperature = 1.0) const {
     qwen::EngineOptions options;
     options.max_num_seqs = slots;
     options.max_prompt_tokens = max_prompt;
@@ -174,9 +171,6 @@ class Bench {
     options.check_every = args_.check_every;
     options.shared_prefill = shared;
     options.continuous = continuous;
-    options.oracle_length = [&work](int64_t request, int64_t sample) {
-      return work.lengths[static_cast<std::size_t>(request)][static_cast<std::size_t>(sample)];
-    };
     return options;
   }
 
@@ -195,7 +189,10 @@ class Bench {
         [&]() -> std::optional<qwen::EngineRequest> {
           if (keep > 0 ? !stream.admit() : next == limit) return std::nullopt;
           const auto g = static_cast<std::size_t>(next);
-          return qwen::EngineRequest{.prompt = work.prompts[g], .n = args_.n, .seed = static_cast<uint64_t>(next++)};
+          return qwen::EngineRequest{.prompt = work.prompts[g],
+                                     .n = args_.n,
+                                     .seed = static_cast<uint64_t>(next++),
+                                     .max_tokens = work.lengths[g]};
         },
         [&](qwen::EngineSequence&& sequence) {
           if (keep <= 0 || !stream.response_done(sequence.request)) return true;
@@ -321,27 +318,27 @@ int run(const Args& args) {
   };
   add([&] { return bench.static_batch(work, 0, args.prompts, "static (generate)"); });
   add([&] {
-    return bench.engine(work, args.prompts, bench.engine_options(max_prompt, rows, true, false, work),
+    return bench.engine(work, args.prompts, bench.engine_options(max_prompt, rows, true, false),
                         "static, shared prefill");
   });
   add([&] {
-    return bench.engine(work, args.prompts, bench.engine_options(max_prompt, slots, false, true, work), "continuous");
+    return bench.engine(work, args.prompts, bench.engine_options(max_prompt, slots, false, true), "continuous");
   });
   add([&] {
-    return bench.engine(work, args.prompts, bench.engine_options(max_prompt, slots, true, true, work),
+    return bench.engine(work, args.prompts, bench.engine_options(max_prompt, slots, true, true),
                         "continuous, shared prefill");
   });
   for (const double keep : keeps) {
     add([&] { return bench.rounds(work, args.prompts, kMaxRounds, keep, args.prompts); });
     add([&] {
-      return bench.engine(work, args.prompts * kMaxRounds, bench.engine_options(max_prompt, rows, true, true, work),
+      return bench.engine(work, args.prompts * kMaxRounds, bench.engine_options(max_prompt, rows, true, true),
                           "streaming, keep " + Bench::fraction(keep), keep, args.prompts);
     });
   }
 
   // How often batch composition changes the bits: the same sampled run with a pool of all rows and of one row.
   const auto sampled = [&](int64_t pool) {
-    qwen::EngineOptions options = bench.engine_options(max_prompt, pool, true, true, work);
+    qwen::EngineOptions options = bench.engine_options(max_prompt, pool, true, true);
     options.return_logprobs = true;
     std::vector<qwen::EngineRequest> requests;
     for (int64_t g = 0; g < args.prompts; ++g) {

@@ -208,31 +208,30 @@ TEST_CASE("engine: counts: prefill rows per prompt, decode rows within the check
   const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
   if (!dir) return;
   auto model = qwen::load_model(*dir);
-  const auto reqs = requests(4);  // 5 prompts x 4 samples
+  auto reqs = requests(4);  // 5 prompts x 4 samples
   qwen::EngineOptions options;
   options.max_new_tokens = 16;
   options.sampling.temperature = 1.0;
   options.max_num_seqs = 6;
   options.check_every = 4;
-  // Forced stops between 1 and 16 tokens.
-  options.oracle_length = [](int64_t request, int64_t sample) { return 1 + (request * 7 + sample * 5) % 16; };
-  int64_t oracle_tokens = 0, decodes_needed = 0;
+  // Budgets between 1 and 16 tokens (no stop ids: every sequence runs to its request's budget).
+  const auto budget = [](int64_t request) { return 1 + (request * 7) % 16; };
+  int64_t budget_tokens = 0, decodes_needed = 0;
   for (int64_t r = 0; r < 5; ++r) {
-    for (int64_t i = 0; i < 4; ++i) {
-      oracle_tokens += options.oracle_length(r, i);
-      decodes_needed += options.oracle_length(r, i) - 1;  // the first token comes from the prefill
-    }
+    reqs[static_cast<std::size_t>(r)].max_tokens = budget(r);
+    budget_tokens += 4 * budget(r);
+    decodes_needed += 4 * (budget(r) - 1);  // the first token comes from the prefill
   }
   qwen::EngineStats continuous;
   const auto out = qwen::generate_requests(model, reqs, options, &continuous);
   for (int64_t r = 0; r < 5; ++r) {
     for (int64_t i = 0; i < 4; ++i) {
       const auto& sequence = out[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
-      CHECK(static_cast<int64_t>(sequence.tokens.size()) == options.oracle_length(r, i));
-      CHECK(sequence.finish_reason == qwen::FinishReason::kStop);
+      CHECK(static_cast<int64_t>(sequence.tokens.size()) == budget(r));
+      CHECK(sequence.finish_reason == qwen::FinishReason::kLength);
     }
   }
-  CHECK(continuous.useful_tokens == oracle_tokens);
+  CHECK(continuous.useful_tokens == budget_tokens);
   CHECK(continuous.prefill_rows ==
         5);  // one per prompt: a half-admitted prompt's prefill is kept for its other samples
   CHECK(continuous.rows_computed >= decodes_needed);
@@ -292,20 +291,19 @@ TEST_CASE("engine: at the CUDA graphs' shapes (rows and window rounded up, paddi
   }
   CHECK(padded);  // 5 and 3 live rows of 6 slots round up to 6 and 4
 
-  // Sampling with the repetition penalty and forced stops: the padding rows write the penalty's and the draws' state
-  // of free slots too; every sequence still ends where its stop says.
+  // Sampling with the repetition penalty and per-request budgets: the padding rows write the penalty's and the draws'
+  // state of free slots too; every sequence still ends by its budget.
   options.sampling = {.temperature = 1.0, .top_k = 20, .repetition_penalty = 1.2};
   options.max_num_seqs = 6;
   options.check_every = 16;
-  options.oracle_length = [](int64_t request, int64_t sample) { return 1 + (request * 5 + sample * 7) % 12; };
+  auto budgeted = reqs;
+  for (std::size_t r = 0; r < budgeted.size(); ++r) budgeted[r].max_tokens = 1 + static_cast<int64_t>(r * 5) % 12;
   qwen::EngineStats stats;
-  const auto sampled = qwen::generate_requests(model, reqs, options, &stats);
+  const auto sampled = qwen::generate_requests(model, budgeted, options, &stats);
   for (std::size_t r = 0; r < reqs.size(); ++r) {
     for (std::size_t i = 0; i < 3; ++i) {
       const auto& sequence = sampled[r][i];
-      const auto oracle =
-          static_cast<std::size_t>(options.oracle_length(static_cast<int64_t>(r), static_cast<int64_t>(i)));
-      CHECK(sequence.tokens.size() <= oracle);
+      CHECK(static_cast<int64_t>(sequence.tokens.size()) <= budgeted[r].max_tokens);
       CHECK(sequence.logprobs.size() == sequence.tokens.size());
       for (const float logprob : sequence.logprobs) CHECK(std::isfinite(logprob));
     }
@@ -313,7 +311,7 @@ TEST_CASE("engine: at the CUDA graphs' shapes (rows and window rounded up, paddi
   CHECK(stats.sequences == 15);
 }
 
-TEST_CASE("engine: one engine serves many runs: graphs captured in its first run are only replayed after") {
+TEST_CASE("engine: one engine serves many runs: each sampling's graphs are captured once, then only replayed") {
   const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
   if (!dir) return;
   auto model = qwen::load_model(*dir, torch::kFloat32);
@@ -370,6 +368,41 @@ TEST_CASE("engine: one engine serves many runs: graphs captured in its first run
   }
   CHECK(differs);                                   // other seeds, other draws
   CHECK(engine.kept_bytes() == first.cache_bytes);  // float32: no weight casts kept
+
+  // A greedy run (an evaluation) on the same engine: its own graphs, captured once; its tokens a fresh engine's.
+  const qwen::RunOptions greedy{.sampling = {.temperature = 0.0}, .return_logprobs = false};
+  qwen::EngineStats evaluation, again;
+  const auto greedy_run = [&](qwen::EngineStats& stats) {
+    std::vector<qwen::EngineRequest> reqs = requests(1);
+    std::size_t next = 0;
+    std::vector<std::vector<int64_t>> tokens(reqs.size());
+    stats = engine.run(
+        [&]() -> std::optional<qwen::EngineRequest> {
+          if (next == reqs.size()) return std::nullopt;
+          return reqs[next++];
+        },
+        [&](qwen::EngineSequence&& sequence) {
+          tokens[static_cast<std::size_t>(sequence.request)] = sequence.tokens;
+          return true;
+        },
+        greedy);
+    return tokens;
+  };
+  const auto evaluated = greedy_run(evaluation);
+  const auto evaluated_again = greedy_run(again);
+  CHECK(evaluation.graph_captures > 0);
+  CHECK(again.graph_captures == 0);
+  CHECK(again.graph_replays == again.decode_calls);
+  CHECK(evaluated_again == evaluated);
+  qwen::EngineOptions fresh_options = options;
+  fresh_options.sampling = greedy.sampling;
+  fresh_options.return_logprobs = false;
+  const auto fresh = qwen::generate_requests(model, requests(1), fresh_options);
+  for (std::size_t r = 0; r < fresh.size(); ++r) CHECK(fresh[r][0].tokens == evaluated[r]);
+  // The sampled runs' graphs are kept beside them: a fourth rollout captures nothing.
+  qwen::EngineStats fourth;
+  CHECK(rollout(0, fourth).size() == 15);
+  CHECK(fourth.graph_captures == 0);
 }
 
 TEST_CASE("engine: kept weight casts are refreshed in place, and dropped when a weight is replaced") {
@@ -413,7 +446,10 @@ TEST_CASE("engine: the host's door: no read or copy inside a decode step, one re
     options.sampling.temperature = sampled ? 1.0 : 0.0;
     qwen::EngineStats stats;
     qwen::ModelRunner runner(model, options, torch::kFloat32, nullptr);
-    runner.begin(stats);  // resets the pool's per-slot state on the device: no read, no copy
+    runner.begin(stats,
+                 {.sampling = options.sampling,
+                  .return_logprobs =
+                      options.return_logprobs});  // resets the pool's per-slot state on the device: no read, no copy
     const auto reqs = requests(2);
     std::size_t next = 0;
     const qwen::RequestSource source = [&]() -> std::optional<qwen::EngineRequest> {
@@ -452,13 +488,14 @@ TEST_CASE("engine: a sink that says stop ends the run and counts the sequences i
   options.max_prompt_tokens = 8;
   options.max_num_seqs = 4;
   options.check_every = 1;
-  options.oracle_length = [](int64_t request, int64_t) { return 2 + request % 5; };
   int64_t pulled = 0, received = 0;
   qwen::GenerationEngine engine(model, options);
   const auto stats = engine.run(
       [&]() -> std::optional<qwen::EngineRequest> {
         if (pulled == 100) return std::nullopt;
-        return qwen::EngineRequest{.prompt = {5, 6, 7 + pulled++ % 10}, .n = 2, .seed = 1};
+        const int64_t request = pulled++;
+        return qwen::EngineRequest{
+            .prompt = {5, 6, 7 + request % 10}, .n = 2, .seed = 1, .max_tokens = 2 + request % 5};
       },
       [&](qwen::EngineSequence&&) { return ++received < 7; });
   CHECK(received == 7);

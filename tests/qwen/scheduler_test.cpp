@@ -152,6 +152,41 @@ TEST_CASE("scheduler: every sequence ends once, at its own length or the budget,
   }
 }
 
+TEST_CASE("scheduler: a request's max_tokens ends its sequences with \"length\" at its budget, noticed at a check") {
+  for (const int64_t slots : {1, 3, 64}) {
+    CAPTURE(slots);
+    FakeRun run{.options = options_of(slots), .requests = make_requests(6, 3)};
+    for (std::size_t r = 0; r < run.requests.size(); ++r) run.requests[r].max_tokens = static_cast<int64_t>(r) * 3;
+    // Stops at 5 + sample: before some budgets (0, 3, 6, 9, 12, 15; 0 is max_new_tokens 16), after others.
+    run.length = [](int64_t, int64_t sample) { return 5 + sample; };
+    const Trace trace = run.run();
+    CHECK(trace.handed.size() == 18);
+    for (const auto& sequence : trace.handed) {
+      CAPTURE(sequence.request);
+      CAPTURE(sequence.sample);
+      const int64_t budget = sequence.request == 0 ? 16 : sequence.request * 3;
+      const int64_t stop = 5 + sequence.sample;
+      if (stop <= budget) {
+        CHECK(static_cast<int64_t>(sequence.tokens.size()) == stop);
+        CHECK(sequence.finish_reason == qwen::FinishReason::kStop);
+      } else {
+        CHECK(static_cast<int64_t>(sequence.tokens.size()) == budget);
+        CHECK(sequence.finish_reason == qwen::FinishReason::kLength);
+      }
+    }
+  }
+  // A budget makes no check of its own: a sequence that never stops, with budget 6, is noticed at the second check
+  // (after 8 decode steps, 3 of them past its budget), as a stop token would be.
+  FakeRun alone{.options = options_of(1), .requests = {{.prompt = {1, 2}, .max_tokens = 6}}};
+  alone.length = [](int64_t, int64_t) { return 100; };
+  const Trace trace = alone.run();
+  REQUIRE(trace.handed.size() == 1);
+  CHECK(trace.handed[0].tokens.size() == 6);
+  CHECK(trace.handed[0].finish_reason == qwen::FinishReason::kLength);
+  CHECK(trace.checks == 2);
+  CHECK(trace.stats.rows_computed == 8);
+}
+
 TEST_CASE("scheduler: one prefill per request; a half-admitted request's is kept for its later samples, then let go") {
   FakeRun run{.options = options_of(3), .requests = make_requests(2, 5)};
   run.length = [](int64_t request, int64_t sample) { return 2 + request + sample; };
@@ -254,4 +289,8 @@ TEST_CASE("scheduler: bad requests are refused naming their index") {
   CHECK(refused({.prompt = {1, 100}}).find("request 1 holds token 100, outside the vocabulary [0, 100)") !=
         std::string::npos);
   CHECK(refused({.prompt = std::vector<int64_t>(9, 1)}).find("more than max_prompt_tokens 8") != std::string::npos);
+  CHECK(refused({.prompt = {1}, .max_tokens = 17})
+            .find("request 1 asks for max_tokens = 17, outside [0, "
+                  "max_new_tokens = 16]") != std::string::npos);
+  CHECK(refused({.prompt = {1}, .max_tokens = -1}).find("request 1 asks for max_tokens = -1") != std::string::npos);
 }

@@ -91,7 +91,7 @@ bool DecodeGraphs::capture(Shape shape, const std::function<void()>& step) {
     std::fprintf(stderr,
                  "engine: capturing the decode step at %lld rows x %lld positions failed: %s; decoding without CUDA "
                  "graphs from here on\n",
-                 static_cast<long long>(shape.first), static_cast<long long>(shape.second), error.what());
+                 static_cast<long long>(std::get<0>(shape)), static_cast<long long>(std::get<1>(shape)), error.what());
     return false;
   }
   captured_[shape] = true;

@@ -17,13 +17,15 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <utility>
+#include <tuple>
 
 namespace qwen {
 
 class GraphRecorder {
  public:
-  using Shape = std::pair<int64_t, int64_t>;  // (rows, window)
+  // (rows, window, variant): the step's shape and which of its variants (the run's sampling settings, which the step's
+  // kernels take as constants) it computes.
+  using Shape = std::tuple<int64_t, int64_t, int64_t>;
   virtual ~GraphRecorder() = default;
   // Records `step`'s device work at `shape` without running it; throws if it cannot be recorded.
   virtual void capture(Shape shape, const std::function<void()>& step) = 0;

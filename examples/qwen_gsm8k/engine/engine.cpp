@@ -37,15 +37,15 @@ SchedulerOptions scheduler_options(const EngineOptions& options, int64_t vocab_s
           .vocab_size = vocab_size,
           .shared_prefill = options.shared_prefill,
           .continuous = options.continuous,
-          .rounded_shapes = rounded_shapes,
-          .oracle_length = options.oracle_length};
+          .rounded_shapes = rounded_shapes};
 }
 
 class Run {
  public:
-  Run(ModelRunner& runner, const EngineOptions& options, int64_t vocab_size, const RequestSource& source,
-      const SequenceSink& sink)
+  Run(ModelRunner& runner, const EngineOptions& options, const RunOptions& run, int64_t vocab_size,
+      const RequestSource& source, const SequenceSink& sink)
       : options_(options),
+        run_(run),
         sink_(sink),
         runner_(runner),
         scheduler_(scheduler_options(options, vocab_size, runner_.rounded_shapes()), source, stats_) {}
@@ -53,7 +53,7 @@ class Run {
   EngineStats run() {
     torch::NoGradGuard no_grad;
     const host_door::Counts start = host_door::counts();
-    runner_.begin(stats_);
+    runner_.begin(stats_, run_);
     const UseWeightCasts casts(runner_.weight_casts());
     const int64_t captures = runner_.graph_captures(), replays = runner_.graph_replays();
     admit();
@@ -114,6 +114,7 @@ class Run {
   }
 
   const EngineOptions& options_;
+  const RunOptions& run_;
   const SequenceSink& sink_;
   EngineStats stats_;
   ModelRunner& runner_;
@@ -131,6 +132,11 @@ GenerationEngine::GenerationEngine(Qwen2ForCausalLM& model, EngineOptions option
 GenerationEngine::~GenerationEngine() = default;
 
 EngineStats GenerationEngine::run(const RequestSource& source, const SequenceSink& sink) {
+  return run(source, sink, {.sampling = options_.sampling, .return_logprobs = options_.return_logprobs});
+}
+
+EngineStats GenerationEngine::run(const RequestSource& source, const SequenceSink& sink, const RunOptions& sampling) {
+  sampling.sampling.validate();
   // Keys and values in the dtype the projections produce: autocast's when it is on, else the weights'.
   const torch::Device device = model_->lm_head_weight().device();
   const torch::ScalarType dtype = active_autocast_dtype(device).value_or(model_->lm_head_weight().scalar_type());
@@ -138,7 +144,7 @@ EngineStats GenerationEngine::run(const RequestSource& source, const SequenceSin
     runner_.reset();  // the old pool goes before the new one is made
     runner_ = std::make_unique<ModelRunner>(model_, options_, dtype, recorder_);
   }
-  return Run(*runner_, options_, model_->config().vocab_size, source, sink).run();
+  return Run(*runner_, options_, sampling, model_->config().vocab_size, source, sink).run();
 }
 
 int64_t GenerationEngine::kept_bytes() const {

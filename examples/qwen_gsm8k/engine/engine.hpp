@@ -56,11 +56,15 @@ struct EngineOptions {
   bool cuda_graphs = true;
   // Tests and benchmarks: decode at the rounded shapes the graphs replay, with or without graphs, on any device.
   bool graph_shapes = false;
-  // Benchmarks and tests only: sequence (request, sample) stops after this many tokens as if it had emitted a stop
-  // token there (random weights never stop); 0 or unset: no forced stop. Noticed at checks, as real stops are.
-  std::function<int64_t(int64_t request, int64_t sample)> oracle_length;
 
   void validate() const;  // throws std::invalid_argument naming the option
+};
+
+// What may change from one run of an engine to the next: how it samples (vLLM takes these per request; here per run,
+// so that one engine, its pool and its graphs serve a training run's rollouts and its greedy evaluations alike).
+struct RunOptions {
+  SamplingOptions sampling;
+  bool return_logprobs = false;
 };
 
 class ModelRunner;
@@ -81,9 +85,12 @@ class GenerationEngine {
   GenerationEngine(GenerationEngine&&) = delete;  // the runner refers to the engine's options
   GenerationEngine& operator=(GenerationEngine&&) = delete;
 
-  // Generates until the source is empty and every sequence is handed over, or the sink says stop. Under NoGradGuard;
-  // autocast as the caller set it. Throws std::invalid_argument for a bad request (naming its index).
+  // Generates until the source is empty and every sequence is handed over, or the sink says stop, sampling as the
+  // options say (or as `sampling` says). Under NoGradGuard; autocast as the caller set it. Throws std::invalid_argument
+  // for a bad request (naming its index) or bad sampling settings. A run of other sampling settings than earlier runs
+  // captures its own graphs (the settings are constants of the step's kernels).
   EngineStats run(const RequestSource& source, const SequenceSink& sink);
+  EngineStats run(const RequestSource& source, const SequenceSink& sink, const RunOptions& sampling);
   const EngineOptions& options() const { return options_; }
   // What the kept runner holds on the device between runs: the slot pool and the weights' casts (0 before a run).
   int64_t kept_bytes() const;

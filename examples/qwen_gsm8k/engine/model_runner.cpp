@@ -43,24 +43,33 @@ ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, 
   generated_index_ = torch::zeros({slots_}, longs);
   finished_at_ = torch::full({slots_}, -1, longs);
   tokens_ = torch::zeros({slots_, width}, longs);
-  per_row_ = {&next_token_, &positions_, &generated_index_, &finished_at_, &tokens_};
-  if (options.return_logprobs) {
-    logprobs_ = torch::zeros({slots_, width}, longs.dtype(torch::kFloat32));
-    per_row_.push_back(&logprobs_);
-  }
-  if (options.sampling.repetition_penalty != 1.0) {
-    seen_ = torch::zeros({slots_, capacity_}, longs);
-    per_row_.push_back(&seen_);
-  }
-  if (!options.sampling.greedy()) {
-    uniforms_ = torch::zeros({slots_, width}, longs.dtype(torch::kFloat64));
-    per_row_.push_back(&uniforms_);
-  }
   stop_ids_ = host_door::to_device(options.stop_ids.empty() ? std::vector<int64_t>{-1} : options.stop_ids, device_);
 }
 
-void ModelRunner::begin(EngineStats& stats) {
+void ModelRunner::begin(EngineStats& stats, const RunOptions& run) {
   stats_ = &stats;
+  run_ = run;
+  const auto same = [&](const RunOptions& other) {
+    const SamplingOptions &a = other.sampling, &b = run.sampling;
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
+           a.repetition_penalty == b.repetition_penalty && other.return_logprobs == run.return_logprobs;
+  };
+  variant_ = std::find_if(variants_.begin(), variants_.end(), same) - variants_.begin();
+  if (variant_ == static_cast<int64_t>(variants_.size())) variants_.push_back(run);
+  const auto buffer = [&](const char* name, bool wanted, std::vector<int64_t> shape, torch::ScalarType dtype) {
+    if (!wanted) return torch::Tensor();
+    torch::Tensor& kept = kept_buffers_[name];
+    if (!kept.defined()) kept = torch::zeros(shape, torch::TensorOptions().dtype(dtype).device(device_));
+    return kept;
+  };
+  const int64_t width = options_.max_new_tokens;
+  logprobs_ = buffer("logprobs", run.return_logprobs, {slots_, width}, torch::kFloat32);
+  seen_ = buffer("seen", run.sampling.repetition_penalty != 1.0, {slots_, capacity_}, torch::kInt64);
+  uniforms_ = buffer("uniforms", !run.sampling.greedy(), {slots_, width}, torch::kFloat64);
+  per_row_ = {&next_token_, &positions_, &generated_index_, &finished_at_, &tokens_};
+  for (torch::Tensor* optional : {&logprobs_, &seen_, &uniforms_}) {
+    if (optional->defined()) per_row_.push_back(optional);
+  }
   stats_->cache_bytes = cache_.bytes();
   kept_.clear();
   // Free slots as a fresh pool's: the padding rows of a rounded step read them (positions stay in range).
@@ -178,8 +187,8 @@ void ModelRunner::draw_first_tokens(const Admission& admission, const std::vecto
   }
   if (seen.defined()) seen = host_door::to_device(seen, device_);
   const torch::Tensor scores =
-      process_logits(logits, seen.defined() ? seen.narrow(1, 0, admission.longest_prompt) : seen, options_.sampling);
-  const torch::Tensor token = draw(scores, uniforms.defined() ? uniforms.select(1, 0) : uniforms, options_.sampling);
+      process_logits(logits, seen.defined() ? seen.narrow(1, 0, admission.longest_prompt) : seen, run_.sampling);
+  const torch::Tensor token = draw(scores, uniforms.defined() ? uniforms.select(1, 0) : uniforms, run_.sampling);
   positions = host_door::to_device(positions, device_);
   if (seen.defined()) {
     seen.scatter_(1, positions.unsqueeze(1), token.unsqueeze(1));
@@ -204,7 +213,7 @@ torch::Tensor ModelRunner::is_stop(const torch::Tensor& token) const {
 }
 
 torch::Tensor ModelRunner::token_logprobs(const torch::Tensor& logits, const torch::Tensor& token) const {
-  const double temperature = options_.sampling.greedy() ? 1.0 : options_.sampling.temperature;
+  const double temperature = run_.sampling.greedy() ? 1.0 : run_.sampling.temperature;
   return (logits.to(torch::kFloat32) / temperature).log_softmax(-1).gather(1, token.unsqueeze(1)).squeeze(1);
 }
 
@@ -214,7 +223,7 @@ void ModelRunner::decode(const StepShape& shape) {
     generated_index_.narrow(0, shape.live, shape.rows - shape.live).zero_();
   }
   if (rounded_shapes()) {
-    graphs_.run({shape.rows, shape.window}, [this, shape] { decode_step(shape.rows, shape.window); });
+    graphs_.run({shape.rows, shape.window, variant_}, [this, shape] { decode_step(shape.rows, shape.window); });
   } else {
     decode_step(shape.rows, shape.window);
   }
@@ -233,10 +242,10 @@ void ModelRunner::decode_step(int64_t rows, int64_t window) {
                                                                 positions.unsqueeze(1), &cache_);
   const torch::Tensor logits = model_->logits(hidden.select(1, 0));  // [R, V]
   const torch::Tensor seen = seen_.defined() ? seen_.narrow(0, 0, rows).narrow(1, 0, window) : seen_;
-  const torch::Tensor scores = process_logits(logits, seen, options_.sampling);
+  const torch::Tensor scores = process_logits(logits, seen, run_.sampling);
   const torch::Tensor uniforms =
       uniforms_.defined() ? uniforms_.narrow(0, 0, rows).gather(1, index.unsqueeze(1)).squeeze(1) : uniforms_;
-  const torch::Tensor token = draw(scores, uniforms, options_.sampling);
+  const torch::Tensor token = draw(scores, uniforms, run_.sampling);
   tokens_.narrow(0, 0, rows).scatter_(1, index.unsqueeze(1), token.unsqueeze(1));
   if (logprobs_.defined()) {
     logprobs_.narrow(0, 0, rows).scatter_(1, index.unsqueeze(1), token_logprobs(logits, token).unsqueeze(1));

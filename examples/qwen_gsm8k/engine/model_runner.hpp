@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "qwen_gsm8k/engine/decode_graphs.hpp"
@@ -31,8 +32,9 @@ class ModelRunner {
               std::shared_ptr<GraphRecorder> recorder);
 
   // A run's start: its counts go to `stats` (prefill calls, rows and tokens, the pool's bytes) until the next begin;
-  // no sequence is live; the weights' casts take their current values (in place).
-  void begin(EngineStats& stats);
+  // it samples as `run` says (buffers it needs are made the first time and kept); no sequence is live; the weights'
+  // casts take their current values (in place).
+  void begin(EngineStats& stats, const RunOptions& run);
   torch::ScalarType cache_dtype() const { return cache_dtype_; }
   WeightCasts& weight_casts() { return casts_; }
   int64_t kept_bytes() const { return cache_.bytes() + casts_.bytes(); }  // the pool and the casts
@@ -68,6 +70,9 @@ class ModelRunner {
 
   Qwen2ForCausalLM& model_;
   const EngineOptions& options_;
+  RunOptions run_;       // the current run's sampling
+  int64_t variant_ = 0;  // its index in variants_: part of the graphs' key
+  std::vector<RunOptions> variants_;
   EngineStats* stats_ = nullptr;  // the current run's
   torch::Device device_;
   int64_t slots_, capacity_;
@@ -77,9 +82,11 @@ class ModelRunner {
   DecodeGraphs graphs_;
   std::map<int64_t, Prefill> kept_;  // by request: a half-admitted request's prompt, [1, KV, P, D] and [1, V]
   // Per slot: the token the next step feeds, its position, the index of the next token, the first stop's index (-1),
-  // the generated tokens, their log-probs, the tokens seen (repetition penalty) and the draws' uniforms.
+  // the generated tokens; and as the current run needs them (else undefined), their log-probs, the tokens seen
+  // (repetition penalty) and the draws' uniforms, each made the first time a run needs it and kept in kept_buffers_.
   torch::Tensor next_token_, positions_, generated_index_, finished_at_, tokens_, logprobs_, seen_, uniforms_;
-  std::vector<torch::Tensor*> per_row_;
+  std::map<std::string, torch::Tensor> kept_buffers_;
+  std::vector<torch::Tensor*> per_row_;  // the current run's per-slot tensors (compaction moves them)
   torch::Tensor stop_ids_;
 };
 

@@ -14,6 +14,10 @@ struct EngineRequest {
   std::vector<int64_t> prompt;
   int64_t n = 1;      // samples of this prompt
   uint64_t seed = 0;  // sample i draws from sequence_seed(seed, i)
+  // This request's token budget (vLLM's SamplingParams.max_tokens), at most the engine's max_new_tokens; 0: that.
+  // A sequence that reaches it ends with finish_reason "length", noticed at the next check as a stop is (the budget
+  // alone does not make the host wait: up to check_every - 1 more rows are computed and discarded).
+  int64_t max_tokens = 0;
 };
 
 enum class FinishReason { kStop, kLength };

@@ -30,6 +30,11 @@ bool Scheduler::pull() {
   if (request->n <= 0) throw std::invalid_argument(where() + "asks for n = " + std::to_string(request->n));
   const auto length = static_cast<int64_t>(request->prompt.size());
   if (length == 0) throw std::invalid_argument(where() + "has an empty prompt");
+  if (request->max_tokens < 0 || request->max_tokens > options_.max_new_tokens) {
+    throw std::invalid_argument(where() + "asks for max_tokens = " + std::to_string(request->max_tokens) +
+                                ", outside [0, max_new_tokens = " + std::to_string(options_.max_new_tokens) +
+                                "] (0: max_new_tokens)");
+  }
   if (length > options_.max_prompt_tokens) {
     throw std::invalid_argument(where() + "has a prompt of " + std::to_string(length) +
                                 " tokens, more than max_prompt_tokens " + std::to_string(options_.max_prompt_tokens));
@@ -83,9 +88,9 @@ Admission Scheduler::admit() {
     admission.placed.push_back(placed);
     const auto length = static_cast<int64_t>(entry.request.prompt.size());
     admission.longest_prompt = std::max(admission.longest_prompt, length);
-    Sequence sequence{.request = entry.index, .sample = sample, .prompt_length = length, .generated = 1};
-    if (options_.oracle_length) sequence.oracle = options_.oracle_length(entry.index, sample);
-    rows_.push_back(sequence);
+    const int64_t budget = entry.request.max_tokens > 0 ? entry.request.max_tokens : options_.max_new_tokens;
+    rows_.push_back(
+        {.request = entry.index, .sample = sample, .prompt_length = length, .generated = 1, .budget = budget});
   }
   // A half-admitted request keeps its prefill for its later samples; one fully admitted lets its kept one go.
   for (std::size_t w = 0; w < waiting_.size(); ++w) {
@@ -132,12 +137,11 @@ std::vector<Finished> Scheduler::finished(const std::vector<int64_t>& finished_a
   for (std::size_t r = 0; r < rows_.size(); ++r) {
     const Sequence& row = rows_[r];
     if (row.handed_over) continue;
-    int64_t length = finished_at.at(r) >= 0 ? finished_at[r] + 1 : 0;
-    if (row.oracle > 0 && row.generated >= row.oracle && (length == 0 || row.oracle < length)) length = row.oracle;
-    if (length > 0) {
-      done.push_back({static_cast<int64_t>(r), length, FinishReason::kStop});
-    } else if (row.generated >= options_.max_new_tokens) {
-      done.push_back({static_cast<int64_t>(r), options_.max_new_tokens, FinishReason::kLength});
+    const int64_t stop = finished_at.at(r) >= 0 ? finished_at[r] + 1 : 0;  // tokens up to the first stop
+    if (stop > 0 && stop <= row.budget) {
+      done.push_back({static_cast<int64_t>(r), stop, FinishReason::kStop});
+    } else if (row.generated >= row.budget) {
+      done.push_back({static_cast<int64_t>(r), row.budget, FinishReason::kLength});
     }
   }
   std::sort(done.begin(), done.end(), [&](const Finished& a, const Finished& b) {

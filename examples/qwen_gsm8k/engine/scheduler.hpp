@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <utility>
 #include <vector>
 
@@ -23,8 +22,6 @@ struct SchedulerOptions {
   bool shared_prefill = true;   // one prefill per request, forked into its n slots
   bool continuous = true;       // false: static batches (a batch is admitted when the pool is empty)
   bool rounded_shapes = false;  // decode at the CUDA graphs' shapes: rows and window rounded up to powers of two
-  // EngineOptions::oracle_length: sequence (request, sample) ends after this many tokens, noticed at checks.
-  std::function<int64_t(int64_t request, int64_t sample)> oracle_length{};
 
   int64_t capacity() const { return max_prompt_tokens + max_new_tokens; }
 };
@@ -33,7 +30,7 @@ struct SchedulerOptions {
 struct Sequence {
   int64_t request = 0, sample = 0, prompt_length = 0;
   int64_t generated = 0;     // tokens sampled so far; the last one is fed by the next decode step
-  int64_t oracle = 0;        // SchedulerOptions::oracle_length's, 0: none
+  int64_t budget = 0;        // its request's max_tokens, or max_new_tokens
   bool handed_over = false;  // static batches: finished and given to the sink, computed until its batch ends
 };
 

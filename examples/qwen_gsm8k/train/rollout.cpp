@@ -94,6 +94,11 @@ std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, 
 std::vector<Group> rollout(GenerationEngine& engine, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats,
                            const ChunkProgress& on_chunk) {
+  const EngineOptions& engine_options = engine.options();
+  if (engine_options.max_new_tokens != options.generation.max_new_tokens ||
+      engine_options.stop_ids != options.generation.stop_ids) {
+    throw std::logic_error("rollout: the engine was made for another max_new_tokens or other stop ids");
+  }
   const auto started = std::chrono::steady_clock::now();
   std::vector<Group> groups(problems.size());
   for (std::size_t g = 0; g < problems.size(); ++g) {
@@ -121,7 +126,8 @@ std::vector<Group> rollout(GenerationEngine& engine, const Tokenizer& tokenizer,
         ++done;
         if (on_chunk && (done % report_every == 0 || done == rows)) on_chunk(done, rows);
         return true;
-      });
+      },
+      {.sampling = options.generation.sampling, .return_logprobs = options.generation.return_logprobs});
   if (stats != nullptr) {
     stats->add(counts);
     stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -129,18 +135,36 @@ std::vector<Group> rollout(GenerationEngine& engine, const Tokenizer& tokenizer,
   return groups;
 }
 
-int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
-                       const RolloutOptions& options, const ChunkProgress& on_chunk) {
-  if (problems.empty()) return 0;
-  torch::NoGradGuard no_grad;
+namespace {
+
+RolloutOptions greedy_options(const RolloutOptions& options) {
   RolloutOptions greedy = options;
   greedy.group_size = 1;
   greedy.generation.sampling = {.temperature = 0.0};
   greedy.generation.return_logprobs = false;
+  return greedy;
+}
+
+int64_t count_correct(const std::vector<Group>& groups) {
   int64_t correct = 0;
-  for (const auto& group : rollout(model, tokenizer, problems, greedy, 0, nullptr, on_chunk))
-    correct += group.responses[0].score.correct;
+  for (const auto& group : groups) correct += group.responses[0].score.correct;
   return correct;
+}
+
+}  // namespace
+
+int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                       const RolloutOptions& options, const ChunkProgress& on_chunk) {
+  if (problems.empty()) return 0;
+  torch::NoGradGuard no_grad;
+  return count_correct(rollout(model, tokenizer, problems, greedy_options(options), 0, nullptr, on_chunk));
+}
+
+int64_t greedy_correct(GenerationEngine& engine, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                       const RolloutOptions& options, const ChunkProgress& on_chunk) {
+  if (problems.empty()) return 0;
+  torch::NoGradGuard no_grad;
+  return count_correct(rollout(engine, tokenizer, problems, greedy_options(options), 0, nullptr, on_chunk));
 }
 
 namespace {

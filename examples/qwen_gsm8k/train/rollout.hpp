@@ -92,6 +92,9 @@ Response make_response(const Tokenizer& tokenizer, EngineSequence&& sequence, co
 // the rows in all: a progress line for long evaluations.
 int64_t greedy_correct(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                        const RolloutOptions& options, const ChunkProgress& on_chunk = {});
+// The same through an engine the caller keeps (a training run's rollout engine: its graphs serve evaluations too).
+int64_t greedy_correct(GenerationEngine& engine, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
+                       const RolloutOptions& options, const ChunkProgress& on_chunk = {});
 
 // Groups as a flat list of numbers (token ids, bytes of the texts, scores; every value exact in a double) and back:
 // how data-parallel ranks exchange their rollouts through a collective.

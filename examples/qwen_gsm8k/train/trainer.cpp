@@ -151,14 +151,16 @@ EvalResult Trainer::evaluate() {
              " problems of this rank, " + format_duration(seconds) + ", left " +
              format_duration(seconds * static_cast<double>(rows - done) / static_cast<double>(done)));
   };
-  const auto correct = static_cast<double>(greedy_correct(model_, tokenizer_, problems, rollout_options_, on_chunk));
+  // Through the rollout engine: its graphs serve the evaluation's greedy decoding too, captured once per run.
+  const auto correct =
+      static_cast<double>(greedy_correct(rollout_engine(), tokenizer_, problems, rollout_options_, on_chunk));
   double passed = 0;
   if (options_.eval_pass_k > 0 && !problems.empty()) {
     RolloutOptions sampled = rollout_options_;
     sampled.group_size = options_.eval_pass_k;
     const auto rank = static_cast<uint64_t>(communicator_->rank());
-    for (const auto& group :
-         rollout(model_, tokenizer_, problems, sampled, derived_seed(options_.seed, step_, 0, 2 + 16 * rank))) {
+    for (const auto& group : rollout(rollout_engine(), tokenizer_, problems, sampled,
+                                     derived_seed(options_.seed, step_, 0, 2 + 16 * rank))) {
       passed += std::any_of(group.responses.begin(), group.responses.end(),
                             [](const Response& response) { return response.score.correct; });
     }

@@ -113,8 +113,8 @@ class Trainer {
                                    nlohmann::json& metrics);
   // The longest chat prompt of the training problems, in tokens (computed once): the engine's slot capacity.
   int64_t max_train_prompt_tokens();
-  // The rollouts' generation engine, made at the first rollout for a round's rows on this rank and kept (its CUDA
-  // graphs with it) until the run ends, or until the step's rollouts end with free_cache_engine.
+  // The generation engine of the rollouts and evaluations, made at the first of them for a round's rows on this rank
+  // and kept (its CUDA graphs with it) until the run ends, or until the step's rollouts end with free_cache_engine.
   GenerationEngine& rollout_engine();
   bool is_root() const { return communicator_ == nullptr || communicator_->is_root(); }
   int world_size() const { return communicator_ == nullptr ? 1 : communicator_->world_size(); }

@@ -146,8 +146,16 @@ GenerationEngine& Trainer::rollout_engine() {
   if (!rollout_engine_) {
     const int64_t per_round = options_.gen_batch_size > 0 ? options_.gen_batch_size : options_.train_batch_size;
     const int64_t rows = (per_round + world_size() - 1) / world_size() * options_.rollout_n;  // this rank's share
-    rollout_engine_ = std::make_unique<GenerationEngine>(
-        model_, rollout_engine_options(rollout_options_, rows, max_train_prompt_tokens()));
+    // Its slots hold the longest training prompt and the longest evaluated one (evaluations run through it too).
+    const auto evaluated =
+        std::min<std::size_t>(static_cast<std::size_t>(std::max<int64_t>(options_.eval_problems, 0)), test_.size());
+    const int64_t longest =
+        std::max(max_train_prompt_tokens(),
+                 longest_prompt_tokens(
+                     tokenizer_, rollout_options_.system_prompt,
+                     std::vector<Problem>(test_.begin(), test_.begin() + static_cast<std::ptrdiff_t>(evaluated))));
+    rollout_engine_ =
+        std::make_unique<GenerationEngine>(model_, rollout_engine_options(rollout_options_, rows, longest));
   }
   return *rollout_engine_;
 }
