@@ -24,6 +24,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "qwen_gsm8k/engine/engine.hpp"
@@ -37,14 +38,16 @@
 namespace {
 
 // Counts operator calls on every thread while an instance lives: all of them and those at depth 0 (not called from
-// inside another counted op on the same thread), with each operator's count by name.
+// inside another counted op on the same thread), with each operator's count by name; and the casts a CUDA run
+// launches: aten::_to_copy calls outside aten::_fused_rms_norm (one kernel on CUDA, computing in float32 in registers;
+// a composite that casts on the CPU).
 class OpCounter {
  public:
   struct Counts {
-    int64_t all = 0, top_level = 0;
+    int64_t all = 0, top_level = 0, casts = 0;
     std::map<std::string, int64_t> by_name;  // all calls, by operator name
     Counts operator-(const Counts& other) const {
-      Counts out{all - other.all, top_level - other.top_level, by_name};
+      Counts out{all - other.all, top_level - other.top_level, casts - other.casts, by_name};
       for (const auto& [name, count] : other.by_name) out.by_name[name] -= count;
       return out;
     }
@@ -79,15 +82,25 @@ class OpCounter {
  private:
   static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& call) {
     const bool top = depth()++ == 0;
+    const std::string_view name = call.name();
+    if (name == "aten::_fused_rms_norm") ++fused_depth();
     const std::lock_guard<std::mutex> lock(mutex());
     ++counts().all;
     if (top) ++counts().top_level;
+    if (name == "aten::_to_copy" && fused_depth() == 0) ++counts().casts;
     ++counts().by_name[call.name()];
     if (tracing()) calls().push_back(std::string(static_cast<std::size_t>(2 * (depth() - 1)), ' ') + call.name());
     return nullptr;
   }
-  static void end(const at::RecordFunction& /*call*/, at::ObserverContext* /*context*/) { --depth(); }
+  static void end(const at::RecordFunction& call, at::ObserverContext* /*context*/) {
+    --depth();
+    if (std::string_view(call.name()) == "aten::_fused_rms_norm") --fused_depth();
+  }
   static int& depth() {
+    thread_local int value = 0;
+    return value;
+  }
+  static int& fused_depth() {
     thread_local int value = 0;
     return value;
   }
@@ -252,9 +265,10 @@ int main(int argc, char** argv) {
                 args.shape.c_str(), static_cast<long long>(config.num_hidden_layers),
                 static_cast<long long>(config.num_attention_heads), static_cast<long long>(config.num_key_value_heads),
                 static_cast<long long>(args.head_dim), TORCH_VERSION, args.autocast.c_str());
-    std::printf("  decode step (%lld rows): %.1f ops (%.1f top-level), %.3f ms host time\n",
-                static_cast<long long>(args.rows), static_cast<double>(decode.all) / per_step,
-                static_cast<double>(decode.top_level) / per_step, step_ms);
+    std::printf(
+        "  decode step (%lld rows): %.1f ops (%.1f top-level), %.1f casts a CUDA run launches, %.3f ms host time\n",
+        static_cast<long long>(args.rows), static_cast<double>(decode.all) / per_step,
+        static_cast<double>(decode.top_level) / per_step, static_cast<double>(decode.casts) / per_step, step_ms);
     std::printf("  training forward (%lld x %lld): %lld ops (%lld top-level); its backward %lld ops\n",
                 static_cast<long long>(args.rows), static_cast<long long>(args.length),
                 static_cast<long long>(forward.all), static_cast<long long>(forward.top_level),
@@ -278,6 +292,7 @@ int main(int argc, char** argv) {
                                  {"steps", steps},
                                  {"ops_per_step", static_cast<double>(decode.all) / per_step},
                                  {"top_level_ops_per_step", static_cast<double>(decode.top_level) / per_step},
+                                 {"casts_per_step", static_cast<double>(decode.casts) / per_step},
                                  {"host_ms_per_step", step_ms},
                                  {"ops_by_name", decode_top}}},
                                {"training",

@@ -367,7 +367,7 @@ TEST_CASE("engine: one engine serves many runs: each sampling's graphs are captu
     differs = differs || run2[s].tokens != run1[s].tokens;
   }
   CHECK(differs);                                   // other seeds, other draws
-  CHECK(engine.kept_bytes() == first.cache_bytes);  // float32: no weight casts kept
+  CHECK(engine.kept_bytes() == first.cache_bytes);  // float32: no compute copy
 
   // A greedy run (an evaluation) on the same engine: its own graphs, captured once; its tokens a fresh engine's.
   const qwen::RunOptions greedy{.sampling = {.temperature = 0.0}, .return_logprobs = false};
@@ -405,30 +405,54 @@ TEST_CASE("engine: one engine serves many runs: each sampling's graphs are captu
   CHECK(fourth.graph_captures == 0);
 }
 
-TEST_CASE("engine: kept weight casts are refreshed in place, and dropped when a weight is replaced") {
-  torch::NoGradGuard no_grad;
+TEST_CASE("engine: under bfloat16 autocast over float32 weights it computes as the bfloat16 model, refreshed per run") {
+  const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
+  if (!dir) return;
+  auto model = qwen::load_model(*dir, torch::kFloat32);
+  qwen::EngineOptions options;
+  options.max_num_seqs = 4;
+  options.max_prompt_tokens = 5;
+  options.max_new_tokens = 8;
+  options.sampling.temperature = 0.0;
+  options.return_logprobs = true;
+  const auto reqs = requests(2);
+  // The float32 model's weights as a bfloat16 model holds them (round to nearest, as load_model converts), run with no
+  // autocast: what the engine's compute copy must compute, bit for bit.
+  const auto as_bfloat16 = [&] {
+    auto converted = qwen::load_model(*dir, torch::kBFloat16);
+    torch::NoGradGuard no_grad;
+    const auto sources = model->named_parameters();
+    for (auto& item : converted->named_parameters()) item.value().copy_(sources[item.key()]);
+    return qwen::generate_requests(converted, reqs, options);
+  };
   const qwen::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
-  torch::Tensor weight = torch::randn({4, 3});
-  qwen::WeightCasts store;
-  torch::Tensor cast;
+  qwen::GenerationEngine kept(model, options);
+  qwen::EngineStats first, second;
+  const auto before = qwen::generate_requests(kept, reqs, &first);
+  int64_t parameters = 0, buffers = 0;
+  for (const auto& parameter : model->parameters()) parameters += parameter.numel();
+  for (const auto& buffer : model->buffers()) buffers += static_cast<int64_t>(buffer.nbytes());
+  // The pool, a bfloat16 copy of every weight and the float32 rotary frequencies.
+  CHECK(kept.kept_bytes() == first.cache_bytes + 2 * parameters + buffers);
   {
-    const qwen::UseWeightCasts use(store);
-    cast = qwen::autocast_weight(weight);
-    CHECK((cast.scalar_type() == torch::kBFloat16));
-    CHECK(qwen::autocast_weight(weight).data_ptr() == cast.data_ptr());  // one cast, kept
+    torch::NoGradGuard no_grad;  // an optimizer step: every weight changed in place
+    for (auto& parameter : model->parameters()) parameter.mul_(0.75);
   }
+  const auto after = qwen::generate_requests(kept, reqs, &second);
+  std::vector<std::vector<qwen::EngineSequence>> reference;
   {
-    const qwen::UseWeightCasts use(store);  // a later region reads the same cast
-    CHECK(qwen::autocast_weight(weight).data_ptr() == cast.data_ptr());
+    const qwen::AutocastOff off(torch::kCPU);
+    reference = as_bfloat16();
   }
-  CHECK(store.size() == 1);
-  CHECK(store.bytes() == 4 * 3 * 2);
-  weight.mul_(3.0);  // an optimizer step: in place
-  CHECK(store.refresh());
-  CHECK(torch::equal(cast, weight.to(torch::kBFloat16)));  // the new values, at the old address
-  weight.set_data(torch::randn({4, 3}));                   // replaced: its memory moved
-  CHECK_FALSE(store.refresh());
-  CHECK(store.size() == 0);
+  bool changed = false;
+  for (std::size_t r = 0; r < reqs.size(); ++r) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      CHECK(after[r][i].tokens == reference[r][i].tokens);  // the new weights, read through the refreshed copy
+      CHECK(after[r][i].logprobs == reference[r][i].logprobs);
+      changed = changed || after[r][i].logprobs != before[r][i].logprobs;
+    }
+  }
+  CHECK(changed);
 }
 
 TEST_CASE("engine: the host's door: no read or copy inside a decode step, one read per check, copies at admission") {

@@ -398,7 +398,7 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
              "On CUDA, run each decode step as a CUDA graph, captured once per step shape (vLLM's default; "
              "--no-cuda-graphs is its enforce_eager)");
   add_switch(command, "--free-cache-engine", o.free_cache_engine,
-             "Free the generation engine (its KV cache, weight casts and CUDA graphs) after each step's rollouts, for "
+             "Free the generation engine (its KV cache, compute copy and CUDA graphs) after each step's rollouts, for "
              "the update's memory; default: kept for the run, so later rollouts replay the first one's graphs (verl "
              "rollout.free_cache_engine)");
 }

@@ -25,7 +25,8 @@ class CudaGraphRecorder final : public GraphRecorder {
     const c10::cuda::CUDAGuard device_guard(device_);
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     // Autocast's own cache off while capturing: a cast it cached would be read by the graph after autocast drops it.
-    // The weights' casts (autocast_weight) were made by the eager warm-up, outside the graph's pool.
+    // Whatever the eager warm-up cached (autocast_weight's casts where the model computes under autocast) lives
+    // outside the graph's pool.
     const bool autocast_cache = at::autocast::is_autocast_cache_enabled();
     const auto restore = [&] { at::autocast::set_autocast_cache_enabled(autocast_cache); };
     try {

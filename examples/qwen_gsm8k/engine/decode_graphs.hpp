@@ -4,7 +4,7 @@
 // launch per step instead of one per kernel. The graphs live as long as the engine's model runner, across its runs
 // (every rollout of a training run), and draw their temporaries from one memory pool. A step that can be captured
 // reads and writes only tensors that outlive it at fixed addresses (the slot pool, the runner's per-slot state, the
-// weights' casts in the runner's WeightCasts, refreshed in place) and makes no host synchronisation; a capture that
+// weights or their compute copy, refreshed in place) and makes no host synchronisation; a capture that
 // fails is reported once and the runner goes on eagerly.
 //
 // The capture itself is a GraphRecorder's: CUDA's (built with CUDA LibTorch only, DAPO_DRIVER_CUDA, on a CUDA device),

@@ -54,7 +54,8 @@ class Run {
     torch::NoGradGuard no_grad;
     const host_door::Counts start = host_door::counts();
     runner_.begin(stats_, run_);
-    const UseWeightCasts casts(runner_.weight_casts());
+    // A compute copy computes in autocast's dtype itself: autocast's float32 policies would cast its activations up.
+    const AutocastOff autocast_off(runner_.device(), runner_.has_compute_copy());
     const int64_t captures = runner_.graph_captures(), replays = runner_.graph_replays();
     admit();
     while (!scheduler_.idle()) {
@@ -62,6 +63,7 @@ class Run {
       if (!check()) break;
       admit();
     }
+    runner_.end();
     stats_.graph_captures = runner_.graph_captures() - captures;
     stats_.graph_replays = runner_.graph_replays() - replays;
     stats_.host_reads = host_door::counts().reads - start.reads;

@@ -70,8 +70,8 @@ struct RunOptions {
 class ModelRunner;
 class GraphRecorder;
 
-// One engine serves any number of runs: its model runner (the slot pool, the per-slot state, the weights' autocast
-// casts and the decode step's CUDA graphs) is made by the first run and kept, so a training run that keeps its engine
+// One engine serves any number of runs: its model runner (the slot pool, the per-slot state, the compute copy of the
+// weights and the decode step's CUDA graphs) is made by the first run and kept, so a training run that keeps its engine
 // captures each step shape once and later rollouts only replay (vLLM's engine keeps its graphs the same way). The
 // runner is made anew only when a run's autocast dtype differs from the pool's.
 class GenerationEngine {
@@ -92,7 +92,7 @@ class GenerationEngine {
   EngineStats run(const RequestSource& source, const SequenceSink& sink);
   EngineStats run(const RequestSource& source, const SequenceSink& sink, const RunOptions& sampling);
   const EngineOptions& options() const { return options_; }
-  // What the kept runner holds on the device between runs: the slot pool and the weights' casts (0 before a run).
+  // What the kept runner holds on the device between runs: the slot pool and the compute copy (0 before a run).
   int64_t kept_bytes() const;
 
  private:

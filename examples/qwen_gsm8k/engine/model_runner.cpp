@@ -13,8 +13,6 @@
 namespace qwen {
 namespace {
 
-constexpr float kLowest = std::numeric_limits<float>::lowest();
-
 // One token per row: the argmax, or the inverse of the row's CDF at its own uniform. The CDF is summed in float64
 // (151,936 probabilities); searchsorted's right side never lands on a token of probability 0.
 torch::Tensor draw(const torch::Tensor& scores, const torch::Tensor& uniforms, const SamplingOptions& sampling) {
@@ -26,15 +24,18 @@ torch::Tensor draw(const torch::Tensor& scores, const torch::Tensor& uniforms, c
 
 }  // namespace
 
-ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, torch::ScalarType cache_dtype,
+ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, torch::ScalarType compute_dtype,
                          std::shared_ptr<GraphRecorder> recorder)
     : model_(model),
       options_(options),
       device_(model->lm_head_weight().device()),
       slots_(options.max_num_seqs),
       capacity_(options.max_prompt_tokens + options.max_new_tokens),
-      cache_dtype_(cache_dtype),
+      cache_dtype_(compute_dtype),
       cache_(model->config(), slots_, capacity_, model->lm_head_weight().options().dtype(cache_dtype_)),
+      copy_(model->lm_head_weight().scalar_type() == compute_dtype
+                ? nullptr
+                : std::make_unique<ComputeCopy>(model, compute_dtype)),
       graphs_(device_, options.cuda_graphs, std::move(recorder)) {
   const auto longs = torch::TensorOptions().dtype(torch::kInt64).device(device_);
   const int64_t width = options.max_new_tokens;
@@ -76,7 +77,20 @@ void ModelRunner::begin(EngineStats& stats, const RunOptions& run) {
   positions_.zero_();
   generated_index_.zero_();
   finished_at_.fill_(-1);
-  if (!casts_.refresh()) graphs_.clear();  // a weight was replaced, not changed in place: capture again
+  if (copy_) copy_->refresh();
+  // The graphs read the weights where they were at the end of the last run: a weight replaced since then (not
+  // changed in place) means capturing again.
+  if (weight_addresses() != weight_addresses_) graphs_.clear();
+}
+
+void ModelRunner::end() {
+  weight_addresses_ = weight_addresses();
+}
+
+std::vector<const void*> ModelRunner::weight_addresses() {
+  std::vector<const void*> addresses;
+  for (const auto& parameter : compute()->parameters()) addresses.push_back(parameter.data_ptr());
+  return addresses;
 }
 
 // Prompts right-padded into one batch, positions from 0.
@@ -100,11 +114,11 @@ ModelRunner::Prefill ModelRunner::prefill(const std::vector<const std::vector<in
   ids = host_door::to_device(ids, device_);
   mask = host_door::to_device(mask, device_);
   KVCache cache(model_->config(), count, longest, model_->lm_head_weight().options().dtype(cache_dtype_));
-  const torch::Tensor hidden = model_->model->forward(ids, mask, position_ids_from_mask(mask), &cache);
+  const torch::Tensor hidden = compute()->model->forward(ids, mask, position_ids_from_mask(mask), &cache);
   const torch::Tensor rows = torch::arange(count, ids.options());
   const torch::Tensor last_hidden = hidden.index({rows, host_door::to_device(last, device_)});  // [P, H]
   Prefill out;
-  out.logits = model_->logits(last_hidden);
+  out.logits = compute()->logits(last_hidden).to(torch::kFloat32);  // float32 for sampling (no-op when it is)
   for (int64_t layer = 0; layer < model_->config().num_hidden_layers; ++layer) {
     out.keys.push_back(cache.layer_keys(layer));
     out.values.push_back(cache.layer_values(layer));
@@ -234,13 +248,15 @@ void ModelRunner::decode(const StepShape& shape) {
 void ModelRunner::decode_step(int64_t rows, int64_t window) {
   const torch::Tensor positions = positions_.narrow(0, 0, rows), index = generated_index_.narrow(0, 0, rows);
   const torch::Tensor keys = torch::arange(window, positions.options());
-  const torch::Tensor mask = torch::zeros({rows, window}, positions.options().dtype(torch::kFloat32))
-                                 .masked_fill(keys.unsqueeze(0) > positions.unsqueeze(1), kLowest)
+  // In the dtype the attention takes it in (no cast in the step).
+  const torch::Tensor mask = torch::zeros({rows, window}, positions.options().dtype(cache_dtype_))
+                                 .masked_fill(keys.unsqueeze(0) > positions.unsqueeze(1), mask_lowest(cache_dtype_))
                                  .view({rows, 1, 1, window});
   cache_.set_step(rows, positions, window);
-  const torch::Tensor hidden = model_->model->forward_with_mask(next_token_.narrow(0, 0, rows).unsqueeze(1), mask,
-                                                                positions.unsqueeze(1), &cache_);
-  const torch::Tensor logits = model_->logits(hidden.select(1, 0));  // [R, V]
+  const torch::Tensor hidden = compute()->model->forward_with_mask(next_token_.narrow(0, 0, rows).unsqueeze(1), mask,
+                                                                   positions.unsqueeze(1), &cache_);
+  // [R, V] float32 for sampling: the step's one cast where the model computes in bfloat16 (none in float32).
+  const torch::Tensor logits = compute()->logits(hidden.select(1, 0)).to(torch::kFloat32);
   const torch::Tensor seen = seen_.defined() ? seen_.narrow(0, 0, rows).narrow(1, 0, window) : seen_;
   const torch::Tensor scores = process_logits(logits, seen, run_.sampling);
   const torch::Tensor uniforms =

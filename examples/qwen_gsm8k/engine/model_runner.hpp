@@ -1,10 +1,13 @@
 // The generation engine's model runner, as nano-vllm's: what the scheduler decides, done with tensors on the model's
 // device. It owns the slot pool (slot_cache.hpp), each slot's decode state (the token the next step feeds, its
 // position, its generated tokens and their log-probs, the first stop's index, the draws' uniforms, the tokens seen),
-// the prefills kept for requests whose later samples wait, the weights' autocast casts and the decode step's CUDA
-// graphs (decode_graphs.hpp). It lives as long as its engine: a run begins by resetting the per-run state and
-// refreshing the casts in place, so that the graphs captured in an earlier run are replayed, not captured again. It
-// knows nothing of requests' order or of when to check: the scheduler (scheduler.hpp) does.
+// the prefills kept for requests whose later samples wait, the model's compute copy and the decode step's CUDA graphs
+// (decode_graphs.hpp). Where the weights are float32 and autocast asks for bfloat16 (or float16), the runner computes
+// in a copy of the model in that dtype (model/compute_copy.hpp, as vLLM runs a bfloat16 model), with autocast off: no
+// cast inside a layer, a bfloat16 residual stream; one cast per step remains, the logits' to float32 for sampling (as
+// vLLM's sampler casts them). It lives as long as its engine: a run begins by resetting the per-run state and writing
+// the weights' current values into the copy in place, so that the graphs captured in an earlier run are replayed, not
+// captured again. It knows nothing of requests' order or of when to check: the scheduler (scheduler.hpp) does.
 //
 // Shapes: S = slots, R = the step's rows, N = max_new_tokens, V = vocabulary, C = slot capacity, W = the step's window.
 #pragma once
@@ -22,12 +25,14 @@
 #include "qwen_gsm8k/engine/scheduler.hpp"
 #include "qwen_gsm8k/engine/slot_cache.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/compute_copy.hpp"
 
 namespace qwen {
 
 class ModelRunner {
  public:
-  // The pool's keys and values in `cache_dtype`; `recorder`: the graphs' (null: CUDA's where there are CUDA graphs).
+  // Computes in `compute_dtype` (a compute copy where the weights' dtype differs), its keys and values in the pool too;
+  // `recorder`: the graphs' (null: CUDA's where there are CUDA graphs).
   ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, torch::ScalarType cache_dtype,
               std::shared_ptr<GraphRecorder> recorder);
 
@@ -35,9 +40,12 @@ class ModelRunner {
   // it samples as `run` says (buffers it needs are made the first time and kept); no sequence is live; the weights'
   // casts take their current values (in place).
   void begin(EngineStats& stats, const RunOptions& run);
+  void end();  // a run's end: what its graphs read is noted for the next begin
   torch::ScalarType cache_dtype() const { return cache_dtype_; }
-  WeightCasts& weight_casts() { return casts_; }
-  int64_t kept_bytes() const { return cache_.bytes() + casts_.bytes(); }  // the pool and the casts
+  torch::Device device() const { return device_; }
+  // Whether it computes in a copy of the model (then autocast must be off while it runs: see the loop).
+  bool has_compute_copy() const { return copy_ != nullptr; }
+  int64_t kept_bytes() const { return cache_.bytes() + (copy_ ? copy_->bytes() : 0); }  // the pool and the copy
 
   // Whether decode steps run at the graphs' rounded shapes (graphs on and capturable here, or graph_shapes).
   bool rounded_shapes() const { return options_.graph_shapes || graphs_.active(); }
@@ -78,7 +86,10 @@ class ModelRunner {
   int64_t slots_, capacity_;
   torch::ScalarType cache_dtype_;
   SlotCache cache_;
-  WeightCasts casts_;  // autocast_weight's casts while a run lasts (UseWeightCasts), refreshed by begin()
+  std::unique_ptr<ComputeCopy> copy_;  // null: the model itself computes
+  Qwen2ForCausalLM& compute() { return copy_ ? copy_->model() : model_; }
+  std::vector<const void*> weight_addresses();
+  std::vector<const void*> weight_addresses_;  // the weights' at the last run's end: checked at each run's start
   DecodeGraphs graphs_;
   std::map<int64_t, Prefill> kept_;  // by request: a half-admitted request's prompt, [1, KV, P, D] and [1, V]
   // Per slot: the token the next step feeds, its position, the index of the next token, the first stop's index (-1),

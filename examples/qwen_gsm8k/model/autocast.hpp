@@ -64,13 +64,9 @@ inline int& guards() {  // AutocastGuards alive on this thread
 }
 }  // namespace autocast_state
 
-// Casts of weights, keyed by the tensor (the memory it read is checked too). Each thread has one for the outermost
-// AutocastGuard, kept until it ends: ATen's autocast keeps its casts of parameters the same way, but only where it
-// caches (LibTorch 1.x's CPU autocast does not) and never for a weight read through a view or a fused block. And the
-// generation engine keeps one that outlives autocast regions for as long as it lives, so that its decode step's CUDA
-// graphs read the casts at the same addresses in every run: refresh() writes each weight's current values into its
-// cast in place (one copy per weight) at the start of a run, after the optimizer has changed them. Installed on this
-// thread by a UseWeightCasts scope, where autocast_weight reads and fills it instead of the region's.
+// Casts of weights made inside the outermost AutocastGuard, kept until it ends: ATen's autocast keeps its casts of
+// parameters the same way, but only where it caches (LibTorch 1.x's CPU autocast does not) and never for a weight
+// read through a view or a fused block. Keyed by the tensor; the memory it read is checked too.
 class WeightCasts {
  public:
   // The cast of `weight` in `dtype`, made the first time it is asked for.
@@ -83,26 +79,7 @@ class WeightCasts {
     casts_[weight.unsafeGetTensorImpl()] = {weight, cast, weight.data_ptr()};
     return cast;
   }
-  // Copies every weight into its cast. False, and the store emptied, when a weight's memory has moved (a weight
-  // replaced rather than changed in place): what read the old casts must be rebuilt.
-  bool refresh() {
-    const torch::NoGradGuard no_grad;
-    for (const auto& [key, entry] : casts_) {
-      if (entry.source.data_ptr() != entry.data) {
-        casts_.clear();
-        return false;
-      }
-    }
-    for (auto& [key, entry] : casts_) entry.cast.copy_(entry.source);
-    return true;
-  }
   void clear() { casts_.clear(); }
-  int64_t size() const { return static_cast<int64_t>(casts_.size()); }
-  int64_t bytes() const {
-    int64_t total = 0;
-    for (const auto& [key, entry] : casts_) total += static_cast<int64_t>(entry.cast.nbytes());
-    return total;
-  }
 
  private:
   std::unordered_map<const c10::TensorImpl*, autocast_state::WeightCast> casts_;
@@ -113,30 +90,12 @@ inline WeightCasts& region_casts() {  // the outermost AutocastGuard's
   thread_local WeightCasts casts;
   return casts;
 }
-inline WeightCasts*& installed_casts() {  // the UseWeightCasts store in force on this thread, or null
-  thread_local WeightCasts* store = nullptr;
-  return store;
-}
 }  // namespace autocast_state
-
-// autocast_weight reads and fills `store` while this scope lives (scopes nest: the innermost wins).
-class UseWeightCasts {
- public:
-  explicit UseWeightCasts(WeightCasts& store) : previous_(autocast_state::installed_casts()) {
-    autocast_state::installed_casts() = &store;
-  }
-  ~UseWeightCasts() { autocast_state::installed_casts() = previous_; }
-  UseWeightCasts(const UseWeightCasts&) = delete;
-  UseWeightCasts& operator=(const UseWeightCasts&) = delete;
-
- private:
-  WeightCasts* previous_;
-};
 
 // A weight as a matrix product under autocast should read it: without gradients, inside an AutocastGuard that turned
 // autocast on for the weight's device, a float32 weight's copy in autocast's dtype, made once per outermost guard (one
 // cast per generation, not one per decode step); otherwise the weight itself, for autocast to cast as it does (with
-// gradients the cast belongs in the graph). Under UseWeightCasts, the installed store's cast, kept across regions.
+// gradients the cast belongs in the graph).
 inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
   if (!weight.defined() || autocast_state::guards() == 0 || torch::GradMode::is_enabled() ||
       weight.scalar_type() != torch::kFloat32) {
@@ -144,20 +103,30 @@ inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
   }
   const std::optional<torch::ScalarType> active = active_autocast_dtype(weight.device());
   if (!active || *active == torch::kFloat32) return weight;
-  WeightCasts* installed = autocast_state::installed_casts();
-  return (installed != nullptr ? *installed : autocast_state::region_casts()).get(weight, *active);
+  return autocast_state::region_casts().get(weight, *active);
 }
+
+namespace autocast_state {
+// This thread's autocast setting for one device type (CPU or CUDA), kept to be put back.
+struct Saved {
+  c10::DeviceType type = c10::DeviceType::CPU;
+  bool enabled = false;
+  torch::ScalarType dtype = torch::kFloat32;
+  static Saved of(c10::DeviceType device_type) {
+    return {device_type, autocast_state::enabled(device_type), autocast_state::get_dtype(device_type)};
+  }
+  void restore() const { autocast_state::set(type, enabled, dtype); }
+};
+}  // namespace autocast_state
 
 class AutocastGuard {
  public:
   // dtype empty: no change (a no-op guard). Devices other than CPU and CUDA: no change.
   AutocastGuard(torch::Device device, std::optional<torch::ScalarType> dtype) {
     if (!dtype || !(device.is_cpu() || device.is_cuda())) return;
-    type_ = device.type();
     active_ = true;
-    previous_enabled_ = autocast_state::enabled(type_);
-    previous_dtype_ = autocast_state::get_dtype(type_);
-    autocast_state::set(type_, true, *dtype);
+    saved_ = autocast_state::Saved::of(device.type());
+    autocast_state::set(device.type(), true, *dtype);
     at::autocast::increment_nesting();
     ++autocast_state::guards();
   }
@@ -167,15 +136,35 @@ class AutocastGuard {
     if (at::autocast::decrement_nesting() == 0) {  // casts of weights cached in the region
       at::autocast::clear_cache();
     }
-    autocast_state::set(type_, previous_enabled_, previous_dtype_);
+    saved_.restore();
   }
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  bool active_ = false, previous_enabled_ = false;
-  c10::DeviceType type_ = c10::DeviceType::CPU;
-  torch::ScalarType previous_dtype_ = torch::kFloat32;
+  bool active_ = false;  // false: a no-op guard
+  autocast_state::Saved saved_;
+};
+
+// Autocast off on `device` while it lives, when `off` (a model that already computes in the low precision: its ops'
+// float32 policies would cast its activations up), restored after.
+class AutocastOff {
+ public:
+  explicit AutocastOff(torch::Device device, bool off = true) {
+    if (!off || !(device.is_cpu() || device.is_cuda())) return;
+    active_ = true;
+    saved_ = autocast_state::Saved::of(device.type());
+    autocast_state::set(device.type(), false, saved_.dtype);
+  }
+  ~AutocastOff() {
+    if (active_) saved_.restore();
+  }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  bool active_ = false;
+  autocast_state::Saved saved_;
 };
 
 }  // namespace qwen

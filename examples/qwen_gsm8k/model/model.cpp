@@ -297,6 +297,12 @@ torch::Tensor Qwen2ModelImpl::forward(const torch::Tensor& input_ids, const torc
   return hidden;
 }
 
+double mask_lowest(torch::ScalarType dtype) {
+  return dtype == torch::kBFloat16 ? -3.38e38
+         : dtype == torch::kHalf   ? -65504.0
+                                   : static_cast<double>(std::numeric_limits<float>::lowest());
+}
+
 namespace {
 
 // RoPE's cos and sin [..., D] in `dtype`, sin's first half negated (apply_rotary's sign).
@@ -311,11 +317,9 @@ torch::Tensor mask_input(const torch::Tensor& mask, torch::ScalarType dtype, int
                          torch::Device device) {
   if (sdpa_on(device)) {
     if (!mask.defined()) return {};  // is_causal
-    // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first.
-    const double lowest = dtype == torch::kBFloat16 ? -3.38e38
-                          : dtype == torch::kHalf   ? -65504.0
-                                                    : static_cast<double>(std::numeric_limits<float>::lowest());
-    torch::Tensor cast = mask.clamp_min(lowest).to(dtype);
+    // The float32 mask's lowest value overflows 16-bit floats to -inf (NaN for a fully padded row): clamp first. A
+    // mask made in `dtype` with mask_lowest(dtype) (the engine's decode steps) is taken as it is.
+    torch::Tensor cast = mask.scalar_type() == dtype ? mask : mask.clamp_min(mask_lowest(dtype)).to(dtype);
     // Folded query heads (AttentionImpl): row g T + t of a key/value head is query head g's position t.
     if (groups > 1 && positions > 1) cast = cast.repeat({1, 1, groups, 1});
     return cast;

@@ -24,6 +24,10 @@ constexpr bool uses_sdpa_on_cpu() {
   return TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14);
 }
 
+// The value that masks a position in an additive attention mask of `dtype`: float32's lowest, or a value that
+// 16-bit floats hold (float32's lowest overflows them to -inf, and a fully masked row to NaN).
+double mask_lowest(torch::ScalarType dtype);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t size, double eps);

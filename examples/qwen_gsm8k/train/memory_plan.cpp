@@ -92,17 +92,16 @@ MemoryPlan plan_memory(const MemoryPlanInput& input) {
   const int64_t prefill =  // one layer's work on the prompts: the MLP's three I-wide tensors, attention's scores
       rows * P * (3 * I * ab + 6 * H * 4) + (eager ? 2 * rows * heads * P * P * 4 : 0);
   const int64_t sampling = rows * V * 4 * 3 + 2 * rows * T * 8;  // logits, scores, probabilities; ids and mask
+  const int64_t compute_copy = autocast && wb != ab ? params.total * ab : 0;
   plan.phases.push_back(phase("rollout", {{"KV cache", L * 2 * rows * KV * T * D * ab},
                                           {"prefill work (one layer)", prefill},
-                                          {"lm-head cast (autocast)", autocast ? V * H * 2 : 0},
-                                          // held for the whole generation (autocast_weight: one cast each)
-                                          {"weight casts (autocast)", autocast ? L * params.layer_linear * 2 : 0},
+                                          // float32 weights under autocast: the engine computes in a copy in its dtype
+                                          {"compute copy of the weights (autocast)", compute_copy},
                                           {"sampling buffers", sampling}}));
-  // The engine is kept for the run (its CUDA graphs with it) unless free_cache_engine: its pool and, under autocast,
-  // the weights' casts stay through the phases that follow.
+  // The engine is kept for the run (its CUDA graphs with it) unless free_cache_engine: its pool and its compute copy
+  // stay through the phases that follow.
   if (!o.free_cache_engine) {
-    resident.push_back({"rollout engine kept (KV cache, weight casts)",
-                        L * 2 * rows * KV * T * D * ab + (autocast ? L * params.layer_linear * 2 + V * H * 2 : 0)});
+    resident.push_back({"rollout engine kept (KV cache, compute copy)", L * 2 * rows * KV * T * D * ab + compute_copy});
   }
 
   // The micro-batches: this rank's share of a mini-batch, whole groups or a token budget; the worst case is rows of

@@ -3,7 +3,7 @@
 // reference log-probs) and the update (gradients, the activations of the largest micro-batch at its worst-case length,
 // with or without checkpointing, the lm-head's chunk). Each phase adds what is resident throughout: the weights,
 // AdamW's state (from the first update on) and the KL reference; the phases after the rollout add the rollout engine
-// the trainer keeps for its CUDA graphs (its KV cache and weight casts), unless free_cache_engine. The peak is the
+// the trainer keeps for its CUDA graphs (its KV cache and compute copy), unless free_cache_engine. The peak is the
 // largest phase.
 //
 // The per-token activation bytes are LibTorch's own, counted exactly by the tracking CPU allocator at three model

@@ -105,7 +105,7 @@ struct TrainOptions {
   // On CUDA, decode steps as CUDA graphs (EngineOptions::cuda_graphs; vLLM's default, its enforce_eager = false).
   bool cuda_graphs = true;
   // Drop the generation engine after each step's rollouts (verl's rollout.free_cache_engine): its slot pool, the
-  // weights' casts and its CUDA graphs are freed for the update and made again (graphs captured again) next step.
+  // compute copy and its CUDA graphs are freed for the update and made again (graphs captured again) next step.
   // Default: kept for the whole run, so every step's rollout replays the graphs the first one captured.
   bool free_cache_engine = false;
   int64_t eval_every = 0;  // trainer.test_freq; 0: only at the start and the end
