@@ -324,25 +324,11 @@ TEST_CASE("engine: one engine serves many runs: each sampling's graphs are captu
   options.check_every = 4;
   const auto recorder = std::make_shared<StepRecorder>();
   qwen::GenerationEngine engine(model, options, recorder);
-  // A rollout: every request of requests(3) with its seed moved by `shift`; its sequences in (request, sample) order.
+  // A rollout: every request of requests(3) with its seed moved by `shift`; its sequences, [request][sample].
   const auto rollout = [&](uint64_t shift, qwen::EngineStats& stats) {
     std::vector<qwen::EngineRequest> reqs = requests(3);
     for (auto& request : reqs) request.seed += shift;
-    std::size_t next = 0;
-    std::vector<qwen::EngineSequence> out;
-    stats = engine.run(
-        [&]() -> std::optional<qwen::EngineRequest> {
-          if (next == reqs.size()) return std::nullopt;
-          return reqs[next++];
-        },
-        [&](qwen::EngineSequence&& sequence) {
-          out.push_back(std::move(sequence));
-          return true;
-        });
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-      return std::pair(a.request, a.sample) < std::pair(b.request, b.sample);
-    });
-    return out;
+    return qwen::generate_requests(engine, reqs, &stats);
   };
   qwen::EngineStats first, second, third;
   const auto run1 = rollout(0, first);
@@ -358,13 +344,15 @@ TEST_CASE("engine: one engine serves many runs: each sampling's graphs are captu
   CHECK(recorder->replayed == first.graph_replays + second.graph_replays + third.graph_replays);
   CHECK(second.cache_bytes == first.cache_bytes);
   // Nothing of a run leaks into the next: the first run's seeds give its sequences again, bit for bit.
-  REQUIRE(run3.size() == 15);
-  REQUIRE(run1.size() == 15);
+  CHECK(first.sequences == 15);
+  CHECK(third.sequences == 15);
   bool differs = false;
-  for (std::size_t s = 0; s < run1.size(); ++s) {
-    CHECK(run3[s].tokens == run1[s].tokens);
-    CHECK(run3[s].logprobs == run1[s].logprobs);
-    differs = differs || run2[s].tokens != run1[s].tokens;
+  for (std::size_t r = 0; r < run1.size(); ++r) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      CHECK(run3[r][i].tokens == run1[r][i].tokens);
+      CHECK(run3[r][i].logprobs == run1[r][i].logprobs);
+      differs = differs || run2[r][i].tokens != run1[r][i].tokens;
+    }
   }
   CHECK(differs);                                   // other seeds, other draws
   CHECK(engine.kept_bytes() == first.cache_bytes);  // float32: no compute copy
@@ -373,19 +361,10 @@ TEST_CASE("engine: one engine serves many runs: each sampling's graphs are captu
   const qwen::RunOptions greedy{.sampling = {.temperature = 0.0}, .return_logprobs = false};
   qwen::EngineStats evaluation, again;
   const auto greedy_run = [&](qwen::EngineStats& stats) {
-    std::vector<qwen::EngineRequest> reqs = requests(1);
-    std::size_t next = 0;
-    std::vector<std::vector<int64_t>> tokens(reqs.size());
-    stats = engine.run(
-        [&]() -> std::optional<qwen::EngineRequest> {
-          if (next == reqs.size()) return std::nullopt;
-          return reqs[next++];
-        },
-        [&](qwen::EngineSequence&& sequence) {
-          tokens[static_cast<std::size_t>(sequence.request)] = sequence.tokens;
-          return true;
-        },
-        greedy);
+    std::vector<std::vector<int64_t>> tokens;
+    for (const auto& samples : qwen::generate_requests(engine, requests(1), &stats, greedy)) {
+      tokens.push_back(samples[0].tokens);
+    }
     return tokens;
   };
   const auto evaluated = greedy_run(evaluation);
@@ -401,7 +380,8 @@ TEST_CASE("engine: one engine serves many runs: each sampling's graphs are captu
   for (std::size_t r = 0; r < fresh.size(); ++r) CHECK(fresh[r][0].tokens == evaluated[r]);
   // The sampled runs' graphs are kept beside them: a fourth rollout captures nothing.
   qwen::EngineStats fourth;
-  CHECK(rollout(0, fourth).size() == 15);
+  rollout(0, fourth);
+  CHECK(fourth.sequences == 15);
   CHECK(fourth.graph_captures == 0);
 }
 

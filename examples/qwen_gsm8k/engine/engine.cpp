@@ -168,22 +168,22 @@ std::vector<std::vector<EngineSequence>> generate_requests(Qwen2ForCausalLM& mod
 
 std::vector<std::vector<EngineSequence>> generate_requests(GenerationEngine& engine,
                                                            const std::vector<EngineRequest>& requests,
-                                                           EngineStats* stats) {
+                                                           EngineStats* stats,
+                                                           const std::optional<RunOptions>& sampling) {
   std::vector<std::vector<EngineSequence>> out(requests.size());
   for (std::size_t r = 0; r < requests.size(); ++r) {
     out[r].resize(static_cast<std::size_t>(std::max<int64_t>(requests[r].n, 0)));
   }
   std::size_t next = 0;
-  const EngineStats result = engine.run(
-      [&]() -> std::optional<EngineRequest> {
-        if (next == requests.size()) return std::nullopt;
-        return requests[next++];
-      },
-      [&](EngineSequence&& sequence) {
-        out[static_cast<std::size_t>(sequence.request)][static_cast<std::size_t>(sequence.sample)] =
-            std::move(sequence);
-        return true;
-      });
+  const RequestSource source = [&]() -> std::optional<EngineRequest> {
+    if (next == requests.size()) return std::nullopt;
+    return requests[next++];
+  };
+  const SequenceSink sink = [&](EngineSequence&& sequence) {
+    out[static_cast<std::size_t>(sequence.request)][static_cast<std::size_t>(sequence.sample)] = std::move(sequence);
+    return true;
+  };
+  const EngineStats result = sampling ? engine.run(source, sink, *sampling) : engine.run(source, sink);
   if (stats != nullptr) *stats = result;
   return out;
 }

@@ -65,6 +65,7 @@ struct EngineOptions {
 struct RunOptions {
   SamplingOptions sampling;
   bool return_logprobs = false;
+  bool operator==(const RunOptions&) const = default;
 };
 
 class ModelRunner;
@@ -106,9 +107,11 @@ class GenerationEngine {
 std::vector<std::vector<EngineSequence>> generate_requests(Qwen2ForCausalLM& model,
                                                            const std::vector<EngineRequest>& requests,
                                                            EngineOptions options, EngineStats* stats = nullptr);
-// The same through a kept engine (its max_prompt_tokens must hold every prompt).
+// The same through a kept engine (its max_prompt_tokens must hold every prompt), sampling as `sampling` says when
+// given, else as the engine's options say.
 std::vector<std::vector<EngineSequence>> generate_requests(GenerationEngine& engine,
                                                            const std::vector<EngineRequest>& requests,
-                                                           EngineStats* stats = nullptr);
+                                                           EngineStats* stats = nullptr,
+                                                           const std::optional<RunOptions>& sampling = std::nullopt);
 
 }  // namespace qwen

@@ -50,12 +50,7 @@ ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, 
 void ModelRunner::begin(EngineStats& stats, const RunOptions& run) {
   stats_ = &stats;
   run_ = run;
-  const auto same = [&](const RunOptions& other) {
-    const SamplingOptions &a = other.sampling, &b = run.sampling;
-    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
-           a.repetition_penalty == b.repetition_penalty && other.return_logprobs == run.return_logprobs;
-  };
-  variant_ = std::find_if(variants_.begin(), variants_.end(), same) - variants_.begin();
+  variant_ = std::find(variants_.begin(), variants_.end(), run) - variants_.begin();
   if (variant_ == static_cast<int64_t>(variants_.size())) variants_.push_back(run);
   const auto buffer = [&](const char* name, bool wanted, std::vector<int64_t> shape, torch::ScalarType dtype) {
     if (!wanted) return torch::Tensor();
@@ -255,7 +250,7 @@ void ModelRunner::decode_step(int64_t rows, int64_t window) {
   cache_.set_step(rows, positions, window);
   const torch::Tensor hidden = compute()->model->forward_with_mask(next_token_.narrow(0, 0, rows).unsqueeze(1), mask,
                                                                    positions.unsqueeze(1), &cache_);
-  // [R, V] float32 for sampling: the step's one cast where the model computes in bfloat16 (none in float32).
+  // [R, V] float32 for sampling: a cast where the model computes in bfloat16, none in float32.
   const torch::Tensor logits = compute()->logits(hidden.select(1, 0)).to(torch::kFloat32);
   const torch::Tensor seen = seen_.defined() ? seen_.narrow(0, 0, rows).narrow(1, 0, window) : seen_;
   const torch::Tensor scores = process_logits(logits, seen, run_.sampling);

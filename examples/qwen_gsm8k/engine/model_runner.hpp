@@ -4,10 +4,11 @@
 // the prefills kept for requests whose later samples wait, the model's compute copy and the decode step's CUDA graphs
 // (decode_graphs.hpp). Where the weights are float32 and autocast asks for bfloat16 (or float16), the runner computes
 // in a copy of the model in that dtype (model/compute_copy.hpp, as vLLM runs a bfloat16 model), with autocast off: no
-// cast inside a layer, a bfloat16 residual stream; one cast per step remains, the logits' to float32 for sampling (as
-// vLLM's sampler casts them). It lives as long as its engine: a run begins by resetting the per-run state and writing
-// the weights' current values into the copy in place, so that the graphs captured in an earlier run are replayed, not
-// captured again. It knows nothing of requests' order or of when to check: the scheduler (scheduler.hpp) does.
+// cast inside a layer, a bfloat16 residual stream; outside the layers a step still casts the positions and RoPE's cos
+// and sin, the logits to float32 for sampling (as vLLM's sampler casts them) and the probabilities to float64. It lives
+// as long as its engine: a run begins by resetting the per-run state and writing the weights' current values into the
+// copy in place, so that the graphs captured in an earlier run are replayed, not captured again. It knows nothing of
+// requests' order or of when to check: the scheduler (scheduler.hpp) does.
 //
 // Shapes: S = slots, R = the step's rows, N = max_new_tokens, V = vocabulary, C = slot capacity, W = the step's window.
 #pragma once

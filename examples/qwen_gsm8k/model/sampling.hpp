@@ -19,6 +19,7 @@ struct SamplingOptions {
 
   bool greedy() const { return temperature == 0.0; }
   void validate() const;  // throws std::invalid_argument naming the option
+  bool operator==(const SamplingOptions&) const = default;
 };
 
 // logits [B, V] (float32) and the tokens seen [B, S] -> processed scores [B, V]: filtered tokens are -inf.

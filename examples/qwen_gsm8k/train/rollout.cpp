@@ -80,13 +80,9 @@ Response make_response(const Tokenizer& tokenizer, EngineSequence&& sequence, co
 std::vector<Group> rollout(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
                            const RolloutOptions& options, uint64_t seed, RolloutStats* stats,
                            const ChunkProgress& on_chunk) {
-  int64_t longest = 0;
-  for (const auto& problem : problems) {
-    longest = std::max<int64_t>(
-        longest, static_cast<int64_t>(prompt_ids(tokenizer, options.system_prompt, problem.question).size()));
-  }
   if (problems.empty()) return {};
   const auto rows = static_cast<int64_t>(problems.size()) * options.group_size;
+  const int64_t longest = longest_prompt_tokens(tokenizer, options.system_prompt, problems);
   GenerationEngine engine(model, rollout_engine_options(options, rows, longest));
   return rollout(engine, tokenizer, problems, options, seed, stats, on_chunk);
 }
