@@ -56,7 +56,7 @@ class OpCounter {
   OpCounter() {
     at::enableRecordFunction(true);
     handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&OpCounter::start, &OpCounter::end)
-                                        .scopes({at::RecordScope::FUNCTION})
+                                        .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE})
                                         .needsInputs(false));
   }
   ~OpCounter() { at::removeCallback(handle_); }
@@ -81,6 +81,11 @@ class OpCounter {
 
  private:
   static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& call) {
+    if (call.scope() == at::RecordScope::USER_SCOPE) {  // the engine's scopes: marks in the trace, not operators
+      const std::lock_guard<std::mutex> lock(mutex());
+      if (tracing()) calls().push_back(std::string("scope ") + call.name());
+      return nullptr;
+    }
     const bool top = depth()++ == 0;
     const std::string_view name = call.name();
     if (name == "aten::_fused_rms_norm") ++fused_depth();
@@ -93,6 +98,7 @@ class OpCounter {
     return nullptr;
   }
   static void end(const at::RecordFunction& call, at::ObserverContext* /*context*/) {
+    if (call.scope() == at::RecordScope::USER_SCOPE) return;
     --depth();
     if (std::string_view(call.name()) == "aten::_fused_rms_norm") --fused_depth();
   }
@@ -224,17 +230,19 @@ int main(int argc, char** argv) {
 
     // Decode: warm up, then m and 2m tokens.
     engine_run(model, args, 2);
-    if (args.trace) {  // the calls from the last decode step's embedding lookup to the one before it
+    if (args.trace) {  // the calls of the last decode step (the engine's decode-step scope) but one
       OpCounter::trace(true);
-      engine_run(model, args, 3);
+      engine_run(model, args, 4);  // a prefill's first token, then 3 decode steps
       OpCounter::trace(false);
       const std::vector<std::string> calls = OpCounter::traced();
       std::vector<std::size_t> steps;
       for (std::size_t i = 0; i < calls.size(); ++i) {
-        if (calls[i] == "aten::embedding") steps.push_back(i);
+        if (calls[i] == std::string("scope ") + qwen::kDecodeStepScope) steps.push_back(i);
       }
-      if (steps.size() < 3) throw std::runtime_error("--trace: fewer than 3 forwards seen");
-      for (std::size_t i = steps[steps.size() - 2]; i < steps.back(); ++i) std::printf("%s\n", calls[i].c_str());
+      if (steps.size() < 3) throw std::runtime_error("--trace: fewer than 3 decode steps seen");
+      for (std::size_t i = steps[steps.size() - 2] + 1; i < steps.back(); ++i) {
+        if (calls[i].rfind("scope ", 0) != 0) std::printf("%s\n", calls[i].c_str());
+      }
       return 0;
     }
     const Run short_run = engine_run(model, args, args.tokens), long_run = engine_run(model, args, 2 * args.tokens);

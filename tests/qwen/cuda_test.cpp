@@ -23,6 +23,7 @@
 #include "qwen_gsm8k/engine/decode_graphs.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
@@ -102,6 +103,61 @@ TEST_CASE("CUDA: the fused CUDA loss kernel is registered exactly when dapo was 
   const bool registered = dapo::detail::cuda_policy_loss_kernel() != nullptr;
   CAPTURE(DAPO_TEST_EXPECT_CUDA_KERNEL);
   CHECK(registered == (DAPO_TEST_EXPECT_CUDA_KERNEL != 0));
+}
+
+TEST_CASE("CUDA: the fused operators' kernels compute what their composites compute on the CPU") {
+  // Built where dapo's CUDA loss is (a CUDA compiler and LibTorch's CUDA): checked everywhere.
+  CHECK(qwen::fused::cuda_kernels_built() == (DAPO_TEST_EXPECT_CUDA_KERNEL != 0));
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the fused kernels' checks are skipped");
+    return;
+  }
+  const torch::Device cuda(torch::kCUDA, 0);
+  const torch::NoGradGuard no_grad;
+  const auto on_cpu = [](const torch::Tensor& t) { return t.cpu().to(torch::kFloat32); };
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    CAPTURE(dtype);
+    const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 2e-2;  // bfloat16: a few of its steps (2^-8)
+    const auto close = [&](const torch::Tensor& gpu, const torch::Tensor& cpu) {
+      return torch::allclose(on_cpu(gpu), on_cpu(cpu), tolerance, tolerance);
+    };
+    torch::manual_seed(0);
+    const auto make = [&](std::vector<int64_t> shape) { return torch::randn(shape).to(dtype); };
+
+    const torch::Tensor x = make({5, 96}), residual = make({5, 96}), weight = make({96});
+    const auto [normed, sum] = qwen::fused::add_rms_norm(x, residual, weight, 1e-6);
+    const auto [normed_gpu, sum_gpu] = qwen::fused::add_rms_norm(x.to(cuda), residual.to(cuda), weight.to(cuda), 1e-6);
+    CHECK(torch::equal(sum_gpu.cpu(), sum));  // one rounded add
+    CHECK(close(normed_gpu, normed));
+    // Mixed dtypes (a bfloat16 product onto a float32 residual) are the composite's on CUDA too.
+    const auto [mixed, mixed_sum] = qwen::fused::add_rms_norm(x.to(cuda), residual.to(cuda).to(torch::kFloat32),
+                                                              weight.to(cuda).to(torch::kFloat32), 1e-6);
+    CHECK((mixed_sum.scalar_type() == torch::kFloat32));
+
+    const torch::Tensor gate_up = make({5, 2 * 48});
+    CHECK(close(qwen::fused::silu_and_mul(gate_up.to(cuda)), qwen::fused::silu_and_mul(gate_up)));
+
+    const int64_t rows = 3, heads = 12, kv_heads = 2, dim = 16, slots = 4, capacity = 9;
+    const torch::Tensor qkv = make({rows, 1, (heads + 2 * kv_heads) * dim});
+    const torch::Tensor angles = torch::randn({rows, 1, 1, dim / 2}).repeat({1, 1, 1, 2});
+    const torch::Tensor cos = angles.cos().to(dtype);
+    const torch::Tensor sin = angles.sin();
+    const torch::Tensor signed_sin =
+        torch::cat({-sin.narrow(-1, 0, dim / 2), sin.narrow(-1, dim / 2, dim / 2)}, -1).to(dtype);
+    const torch::Tensor slot = torch::tensor({3, 0, 1}, torch::kInt64), position = torch::tensor({8, 0, 4});
+    const auto run = [&](torch::Device device) {
+      const torch::Tensor keys = torch::zeros({slots, kv_heads, capacity, dim}, torch::TensorOptions(dtype));
+      const torch::Tensor values = torch::zeros_like(keys);
+      const torch::Tensor k = keys.to(device), v = values.to(device);
+      const torch::Tensor query = qwen::fused::rope_and_cache(qkv.to(device), cos.to(device), signed_sin.to(device), k,
+                                                              v, slot.to(device), position.to(device), heads, kv_heads);
+      return std::vector<torch::Tensor>{query.cpu(), k.cpu(), v.cpu()};
+    };
+    const std::vector<torch::Tensor> gpu = run(cuda), cpu = run(torch::kCPU);
+    CHECK(close(gpu[0], cpu[0]));         // the rotated query
+    CHECK(close(gpu[1], cpu[1]));         // the rotated keys, at their slots and positions only
+    CHECK(torch::equal(gpu[2], cpu[2]));  // the values, copied
+  }
 }
 
 TEST_CASE("CUDA: --device is checked with the option named, on the command line and in run_demo") {

@@ -2,12 +2,18 @@
 // the unfused gradients), causal attention without a mask for right-padded training rows, the lm-head and the fused
 // blocks cast once per generation under autocast (a tracking allocator counts the casts), and the backend
 // scaled_dot_product_attention picks for the calls a layer makes.
+#include <ATen/record_function.h>
 #include <doctest/doctest.h>
 #include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/fused_linear.hpp"
+#include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
@@ -24,7 +30,158 @@ torch::Tensor unfused(const torch::Tensor& x, const std::vector<torch::Tensor>& 
   return torch::cat(outputs, -1);
 }
 
+// Counts the calls of operators named qwen::* (the fused operators) on every thread while an instance lives.
+class FusedOpCounter {
+ public:
+  FusedOpCounter() {
+    at::enableRecordFunction(true);
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&FusedOpCounter::start).scopes({at::RecordScope::FUNCTION}).needsInputs(false));
+    const std::lock_guard<std::mutex> lock(mutex());
+    counts().clear();
+  }
+  ~FusedOpCounter() { at::removeCallback(handle_); }
+  FusedOpCounter(const FusedOpCounter&) = delete;
+  FusedOpCounter& operator=(const FusedOpCounter&) = delete;
+  int64_t calls(const std::string& name) const {
+    const std::lock_guard<std::mutex> lock(mutex());
+    const auto found = counts().find(name);
+    return found == counts().end() ? 0 : found->second;
+  }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& call) {
+    const std::string name = call.name();
+    if (name.rfind("qwen::", 0) == 0) {
+      const std::lock_guard<std::mutex> lock(mutex());
+      ++counts()[name];
+    }
+    return nullptr;
+  }
+  static std::mutex& mutex() {
+    static std::mutex value;
+    return value;
+  }
+  static std::map<std::string, int64_t>& counts() {
+    static std::map<std::string, int64_t> value;
+    return value;
+  }
+  at::CallbackHandle handle_;
+};
+
+// Hugging Face's rotate_half: (-x2, x1).
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
 }  // namespace
+
+TEST_CASE("fused operators: each computes the formula it replaces, and the cache write touches only its positions") {
+  torch::manual_seed(5);
+  const torch::NoGradGuard no_grad;
+  SUBCASE("add_rms_norm: the sum, and Qwen2RMSNorm of it") {
+    const torch::Tensor x = torch::randn({3, 5, 8}), residual = torch::randn({3, 5, 8}), weight = torch::randn({8});
+    const auto [normed, sum] = qwen::fused::add_rms_norm(x, residual, weight, 1e-6);
+    CHECK(torch::equal(sum, x + residual));
+    const torch::Tensor expected = weight * (sum * torch::rsqrt(sum.pow(2).mean(-1, true) + 1e-6));
+    CHECK(torch::allclose(normed, expected, 1e-6, 1e-6));
+    // bfloat16: the sum stored in bfloat16, normalised in float32, cast back before the weight.
+    const auto b = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+    const auto [normed16, sum16] = qwen::fused::add_rms_norm(b(x), b(residual), b(weight), 1e-6);
+    CHECK((sum16.scalar_type() == torch::kBFloat16));
+    CHECK(torch::equal(sum16, b(x) + b(residual)));
+    const torch::Tensor wide = sum16.to(torch::kFloat32);
+    const torch::Tensor expected16 = b(weight) * b(wide * torch::rsqrt(wide.pow(2).mean(-1, true) + 1e-6));
+    CHECK(torch::allclose(normed16.to(torch::kFloat32), expected16.to(torch::kFloat32), 1e-2, 1e-2));
+  }
+  SUBCASE("silu_and_mul: silu of the first half times the second") {
+    const torch::Tensor gate_up = torch::randn({2, 3, 12});
+    const torch::Tensor out = qwen::fused::silu_and_mul(gate_up);
+    const torch::Tensor gate = gate_up.narrow(-1, 0, 6), up = gate_up.narrow(-1, 6, 6);
+    CHECK(out.sizes() == torch::IntArrayRef({2, 3, 6}));
+    CHECK(torch::allclose(out, gate * torch::sigmoid(gate) * up, 1e-6, 1e-6));
+  }
+  SUBCASE("rope_and_cache: rotate-half RoPE on q and k, k and v written at each row's slot and position") {
+    const int64_t rows = 3, heads = 4, kv_heads = 2, dim = 8, slots = 5, capacity = 7;
+    const torch::Tensor qkv = torch::randn({rows, 1, (heads + 2 * kv_heads) * dim});
+    const torch::Tensor angles = torch::randn({rows, 1, 1, dim / 2}).repeat({1, 1, 1, 2});
+    const torch::Tensor cos = angles.cos(), sin = angles.sin();
+    const torch::Tensor signed_sin = torch::cat({-sin.narrow(-1, 0, dim / 2), sin.narrow(-1, dim / 2, dim / 2)}, -1);
+    const torch::Tensor keys = torch::zeros({slots, kv_heads, capacity, dim});
+    const torch::Tensor values = torch::zeros({slots, kv_heads, capacity, dim});
+    const torch::Tensor slot = torch::tensor({4, 0, 2}, torch::kInt64);
+    const torch::Tensor position = torch::tensor({2, 0, 6}, torch::kInt64);
+    const torch::Tensor query =
+        qwen::fused::rope_and_cache(qkv, cos, signed_sin, keys, values, slot, position, heads, kv_heads);
+    const torch::Tensor split = qkv.view({rows, heads + 2 * kv_heads, 1, dim});  // [R, N + 2 KV, 1, D]
+    const auto rope = [&](const torch::Tensor& x) { return x * cos + rotate_half(x) * sin; };
+    CHECK(query.sizes() == torch::IntArrayRef({rows, heads, 1, dim}));
+    CHECK(torch::allclose(query, rope(split.narrow(1, 0, heads)), 1e-6, 1e-6));
+    const torch::Tensor rotated_keys = rope(split.narrow(1, heads, kv_heads)).squeeze(2);  // [R, KV, D]
+    const torch::Tensor new_values = split.narrow(1, heads + kv_heads, kv_heads).squeeze(2);
+    torch::Tensor written = torch::zeros({slots, capacity}, torch::kBool);
+    for (int64_t r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      const int64_t s = slot[r].item<int64_t>(), p = position[r].item<int64_t>();
+      CHECK(torch::allclose(keys.select(0, s).select(1, p), rotated_keys[r], 1e-6, 1e-6));
+      CHECK(torch::equal(values.select(0, s).select(1, p), new_values[r]));
+      written[s][p] = true;
+    }
+    const torch::Tensor untouched = (~written).view({slots, 1, capacity, 1});
+    CHECK(keys.masked_select(untouched).abs().sum().item<double>() == 0.0);
+    CHECK(values.masked_select(untouched).abs().sum().item<double>() == 0.0);
+    // Two positions per row is not a decode step: refused, naming the operator and the shape it expects.
+    CHECK_THROWS_WITH(qwen::fused::rope_and_cache(torch::randn({rows, 2, (heads + 2 * kv_heads) * dim}), cos,
+                                                  signed_sin, keys, values, slot, position, heads, kv_heads),
+                      doctest::Contains("qwen::rope_and_cache: qkv has shape"));
+  }
+}
+
+TEST_CASE("generation: the layers run the fused operators, which give the unfused path's bits on the CPU") {
+  torch::manual_seed(11);
+  const qwen::Config config = dapo::test::tiny_qwen_config(97, 32, 4, 2, 3);
+  qwen::Qwen2ForCausalLM model(config);
+  qwen::initialize_weights(model);
+  const torch::Tensor ids = torch::randint(97, {2, 6}, torch::kInt64);
+  const torch::Tensor mask = torch::tensor({{0, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}}, torch::kInt64);
+  const torch::Tensor positions = qwen::position_ids_from_mask(mask);
+  // With gradients the layers take the training path (no fused operator); without, the generation path.
+  const auto prefill = [&](bool gradients) {
+    const torch::AutoGradMode mode(gradients);
+    qwen::KVCache cache(config, 2, 8, torch::TensorOptions());
+    return model->model->forward(ids, mask, positions, &cache).detach();
+  };
+  const int64_t layers = config.num_hidden_layers;
+  torch::Tensor unfused_hidden, fused_hidden;
+  {
+    const FusedOpCounter counter;
+    unfused_hidden = prefill(true);
+    CHECK(counter.calls("qwen::add_rms_norm") == 0);
+  }
+  {
+    const FusedOpCounter counter;
+    fused_hidden = prefill(false);
+    CHECK(counter.calls("qwen::add_rms_norm") == 2 * layers);  // each residual add with the norm after it
+    CHECK(counter.calls("qwen::silu_and_mul") == layers);
+    CHECK(counter.calls("qwen::rope_and_cache") == 0);  // a prefill's cache has no fused write
+  }
+  CHECK(torch::equal(fused_hidden, unfused_hidden));
+
+  // The engine's decode steps: RoPE and the cache write as one operator per layer and step.
+  qwen::EngineOptions engine;
+  engine.max_num_seqs = 2;
+  engine.max_new_tokens = 5;
+  engine.sampling.temperature = 0.0;
+  std::vector<qwen::EngineRequest> requests(1);
+  requests[0].prompt = {3, 4, 5};
+  requests[0].n = 2;
+  const FusedOpCounter counter;
+  qwen::EngineStats stats;
+  qwen::generate_requests(model, requests, engine, &stats);
+  REQUIRE(stats.decode_calls > 0);
+  CHECK(counter.calls("qwen::rope_and_cache") == layers * stats.decode_calls);
+}
 
 TEST_CASE("fused linears: one product over Hugging Face's parameters, with the unfused products' gradients") {
   torch::manual_seed(0);

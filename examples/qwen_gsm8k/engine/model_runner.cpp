@@ -74,7 +74,8 @@ void ModelRunner::begin(EngineStats& stats, const RunOptions& run) {
   finished_at_.fill_(-1);
   if (copy_) copy_->refresh();
   // The graphs read the weights where they were at the end of the last run: a weight replaced since then (not
-  // changed in place) means capturing again.
+  // changed in place) means capturing again. Reading the addresses also makes RoPE's table for every position a slot
+  // holds, before any step.
   if (weight_addresses() != weight_addresses_) graphs_.clear();
 }
 
@@ -85,6 +86,10 @@ void ModelRunner::end() {
 std::vector<const void*> ModelRunner::weight_addresses() {
   std::vector<const void*> addresses;
   for (const auto& parameter : compute()->parameters()) addresses.push_back(parameter.data_ptr());
+  // RoPE's table too: a longer one asked for elsewhere (a generate() call on the same model) replaces it.
+  const auto [cos, sin] = compute()->model->rotary_emb->table(capacity_, cache_dtype_);
+  addresses.push_back(cos.data_ptr());
+  addresses.push_back(sin.data_ptr());
   return addresses;
 }
 
@@ -221,9 +226,12 @@ torch::Tensor ModelRunner::is_stop(const torch::Tensor& token) const {
   return (token.unsqueeze(1) == stop_ids_.unsqueeze(0)).any(1);
 }
 
+// No division where the temperature is 1 (the trainer's rollouts, the greedy runs): x / 1 is x, so the same bits
+// with one pass over the vocabulary fewer.
 torch::Tensor ModelRunner::token_logprobs(const torch::Tensor& logits, const torch::Tensor& token) const {
   const double temperature = run_.sampling.greedy() ? 1.0 : run_.sampling.temperature;
-  return (logits.to(torch::kFloat32) / temperature).log_softmax(-1).gather(1, token.unsqueeze(1)).squeeze(1);
+  const torch::Tensor scaled = temperature == 1.0 ? logits : logits / temperature;
+  return scaled.log_softmax(-1).gather(1, token.unsqueeze(1)).squeeze(1);
 }
 
 void ModelRunner::decode(const StepShape& shape) {

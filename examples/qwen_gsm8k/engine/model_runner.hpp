@@ -75,6 +75,7 @@ class ModelRunner {
   void draw_first_tokens(const Admission& admission, const std::vector<torch::Tensor>& first_logits);
   void decode_step(int64_t rows, int64_t window);  // the device work of a step: what a CUDA graph captures
   torch::Tensor is_stop(const torch::Tensor& token) const;
+  // log p(token) under softmax(logits / temperature), temperature 1 when greedy: logits [R, V] float32 -> [R].
   torch::Tensor token_logprobs(const torch::Tensor& logits, const torch::Tensor& token) const;
 
   Qwen2ForCausalLM& model_;
@@ -89,8 +90,8 @@ class ModelRunner {
   SlotCache cache_;
   std::unique_ptr<ComputeCopy> copy_;  // null: the model itself computes
   Qwen2ForCausalLM& compute() { return copy_ ? copy_->model() : model_; }
-  std::vector<const void*> weight_addresses();
-  std::vector<const void*> weight_addresses_;  // the weights' at the last run's end: checked at each run's start
+  std::vector<const void*> weight_addresses();  // the weights' and RoPE table's (made here if missing)
+  std::vector<const void*> weight_addresses_;   // the weights' at the last run's end: checked at each run's start
   DecodeGraphs graphs_;
   std::map<int64_t, Prefill> kept_;  // by request: a half-admitted request's prompt, [1, KV, P, D] and [1, V]
   // Per slot: the token the next step feeds, its position, the index of the next token, the first stop's index (-1),

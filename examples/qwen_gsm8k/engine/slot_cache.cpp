@@ -3,6 +3,9 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#include "qwen_gsm8k/model/fused_ops.hpp"
 
 namespace qwen {
 
@@ -41,11 +44,24 @@ std::pair<torch::Tensor, torch::Tensor> SlotCache::update(int64_t layer, const t
   // Row r's new position goes to [r, :, positions[r], :]: one indexed write per buffer for the whole step.
   layer_keys.index_put_({row_index_, Slice(), positions_}, keys.squeeze(2));
   layer_values.index_put_({row_index_, Slice(), positions_}, values.squeeze(2));
-  // Rows [0, R), positions [0, W) of the contiguous buffers as one view each (one operator, not two narrows).
-  const auto window = [&](const torch::Tensor& buffer) {
-    return buffer.as_strided({rows_, buffer.size(1), window_, buffer.size(3)}, buffer.strides());
-  };
   return {window(layer_keys), window(layer_values)};
+}
+
+AttentionCache::Operands SlotCache::rotate_and_update(int64_t layer, const torch::Tensor& qkv, const torch::Tensor& cos,
+                                                      const torch::Tensor& signed_sin, int64_t heads,
+                                                      int64_t kv_heads) {
+  if (qkv.size(1) != 1 || torch::GradMode::is_enabled()) return {};
+  const auto index = static_cast<std::size_t>(layer);
+  const torch::Tensor& layer_keys = keys_.at(index);
+  const torch::Tensor& layer_values = values_.at(index);
+  torch::Tensor query =
+      fused::rope_and_cache(qkv, cos, signed_sin, layer_keys, layer_values, row_index_, positions_, heads, kv_heads);
+  return {std::move(query), window(layer_keys), window(layer_values)};
+}
+
+// The contiguous buffer's rows [0, R) and positions [0, W) as one view (one operator, not two narrows).
+torch::Tensor SlotCache::window(const torch::Tensor& buffer) const {
+  return buffer.as_strided({rows_, buffer.size(1), window_, buffer.size(3)}, buffer.strides());
 }
 
 void SlotCache::fill(const torch::Tensor& slots, const std::vector<torch::Tensor>& keys,

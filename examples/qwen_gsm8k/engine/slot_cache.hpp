@@ -30,6 +30,10 @@ class SlotCache final : public AttentionCache {
   // keys, values [R, KV, 1, D] of `layer` -> [R, KV, W, D] views of the cache, the new position written.
   std::pair<torch::Tensor, torch::Tensor> update(int64_t layer, const torch::Tensor& keys,
                                                  const torch::Tensor& values) override;
+  // The decode step's fused form (one position per row, no gradients): RoPE on the query and key heads, the key and
+  // value written, in one operator; [R, KV, W, D] views as update's.
+  Operands rotate_and_update(int64_t layer, const torch::Tensor& qkv, const torch::Tensor& cos,
+                             const torch::Tensor& signed_sin, int64_t heads, int64_t kv_heads) override;
 
   // Prefilled positions [0, W) into slots: slot slots[i] takes row rows[i] of keys[layer] and values[layer]
   // ([P, KV, W, D] per layer, e.g. a KVCache's buffers).
@@ -45,6 +49,7 @@ class SlotCache final : public AttentionCache {
  private:
   std::vector<torch::Tensor> keys_, values_;  // per layer [S, KV, C, D]
   int64_t slots_, capacity_;
+  torch::Tensor window(const torch::Tensor& buffer) const;  // rows [0, R), positions [0, W) of a layer's buffer
   int64_t rows_ = 0, window_ = 0;
   torch::Tensor slot_index_;             // [S] int64: 0, 1, ..., S - 1 (its first R are the step's rows)
   torch::Tensor row_index_, positions_;  // [R] int64: the step's rows and write positions

@@ -25,6 +25,18 @@ class AttentionCache {
   // keys, values [B, KV, T, D] of `layer` -> the keys and values [B, KV, S, D] the new positions attend to.
   virtual std::pair<torch::Tensor, torch::Tensor> update(int64_t layer, const torch::Tensor& keys,
                                                          const torch::Tensor& values) = 0;
+
+  // What a layer attends with: the rotated query [B, N, T, D] and the keys and values [B, KV, S, D].
+  struct Operands {
+    torch::Tensor query, keys, values;
+  };
+  // RoPE and the cache write in one operator (fused::rope_and_cache), where the cache has that form for this call:
+  // qkv [B, T, (N + 2 KV) D] (the q/k/v product's output) of `layer`, cos and signed_sin as AttentionInputs' -> the
+  // operands. An undefined query where it does not: the layer then rotates and calls update. None by default.
+  virtual Operands rotate_and_update(int64_t /*layer*/, const torch::Tensor& /*qkv*/, const torch::Tensor& /*cos*/,
+                                     const torch::Tensor& /*signed_sin*/, int64_t /*heads*/, int64_t /*kv_heads*/) {
+    return {};
+  }
 };
 
 class KVCache final : public AttentionCache {

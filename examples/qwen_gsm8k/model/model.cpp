@@ -9,6 +9,7 @@
 
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/batched_matmul.hpp"
+#include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/gradient_checkpointing.hpp"
 
 namespace qwen {
@@ -18,19 +19,7 @@ RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  // One operator (a fused kernel where LibTorch has one): the same formula, normalised in float32 and cast back
-  // before the weight's product, as Hugging Face's Qwen2RMSNorm.
-  return at::rms_norm(x, {x.size(-1)}, weight, eps_);
-#else
-  // The casts only where they change something (the residual stream is float32 under autocast too): a no-op to() is
-  // still an operator call.
-  const auto input_dtype = x.scalar_type();
-  const bool cast = input_dtype != torch::kFloat32;
-  const torch::Tensor h = cast ? x.to(torch::kFloat32) : x;
-  const torch::Tensor normed = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight * (cast ? normed.to(input_dtype) : normed);
-#endif
+  return fused::rms_norm(x, weight, eps_);
 }
 
 RotaryEmbeddingImpl::RotaryEmbeddingImpl(int64_t head_dim, double theta) {
@@ -46,13 +35,28 @@ std::pair<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(const torch
   return {angles.cos(), angles.sin()};
 }
 
+std::pair<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::table(int64_t length, torch::ScalarType dtype) {
+  auto& [cos, signed_sin] = tables_[dtype];
+  if (cos.defined() && cos.size(0) >= length) return {cos, signed_sin};
+  const torch::NoGradGuard no_grad;
+  constexpr int64_t kStep = 256;
+  const int64_t rows = (length + kStep - 1) / kStep * kStep;
+  const auto [all_cos, all_sin] = forward(torch::arange(rows, inv_freq.options().dtype(torch::kInt64)));
+  const int64_t half = all_sin.size(-1) / 2;
+  cos = all_cos.to(dtype);
+  signed_sin = torch::cat({-all_sin.narrow(-1, 0, half), all_sin.narrow(-1, half, half)}, -1).to(dtype);
+  return {cos, signed_sin};
+}
+
 void RotaryEmbeddingImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool non_blocking) {
+  tables_.clear();
   torch::nn::Module::to(device, non_blocking);
 }
 
 void RotaryEmbeddingImpl::to(torch::Dtype /*dtype*/, bool /*non_blocking*/) {}
 
 void RotaryEmbeddingImpl::to(torch::Device device, bool non_blocking) {
+  tables_.clear();
   torch::nn::Module::to(device, non_blocking);
 }
 
@@ -66,12 +70,6 @@ bool sdpa_on(const torch::Device& device) {
   (void)device;
   return false;
 #endif
-}
-
-// rotate_half(x) * sin as swap_halves(x) * sin', with sin' = (-sin1, sin2): the same products (a negation is exact),
-// one roll instead of two slices, a negation and a concatenation per call. x [B, heads, T, D]; cos, sin [B, 1, T, D].
-torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& signed_sin) {
-  return x * cos + x.roll(x.size(-1) / 2, -1) * signed_sin;  // roll by half a head: (x2, x1)
 }
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -153,13 +151,20 @@ AttentionImpl::AttentionImpl(const Config& config)
 torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache,
                                      int64_t layer) {
   const int64_t batch = hidden.size(0), positions = hidden.size(1);
-  // One product for q, k and v: [B, T, (N + 2 KV) D] -> heads [B, N + 2 KV, T, D] (a view).
-  const torch::Tensor qkv =
-      qkv_.forward(hidden).view({batch, positions, heads_ + 2 * kv_heads_, head_dim_}).transpose(1, 2);
+  // One product for q, k and v: [B, T, (N + 2 KV) D].
+  const torch::Tensor product = qkv_.forward(hidden);
+  if (cache != nullptr) {
+    // A decode step in the engine's cache: RoPE and the cache write in one operator.
+    const AttentionCache::Operands fused =
+        cache->rotate_and_update(layer, product, inputs.cos, inputs.sin, heads_, kv_heads_);
+    if (fused.query.defined()) return project(o_proj, attend(fused.query, fused.keys, fused.values, inputs.mask));
+  }
+  // Heads [B, N + 2 KV, T, D] (a view).
+  const torch::Tensor qkv = product.view({batch, positions, heads_ + 2 * kv_heads_, head_dim_}).transpose(1, 2);
   // RoPE on the query and key heads together, then the three as views (a split is one operator, a narrow each).
   const std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({heads_ + kv_heads_, kv_heads_}, 1);
   const std::vector<torch::Tensor> q_k =
-      apply_rotary(qk_v[0], inputs.cos, inputs.sin).split_with_sizes({heads_, kv_heads_}, 1);
+      fused::rotary(qk_v[0], inputs.cos, inputs.sin).split_with_sizes({heads_, kv_heads_}, 1);
   const torch::Tensor& query = q_k[0];  // [B, N, T, D]
   torch::Tensor key = q_k[1];           // [B, KV, T, D]
   torch::Tensor value = qk_v[1];
@@ -201,7 +206,7 @@ torch::Tensor AttentionImpl::forward_shared(const torch::Tensor& hidden, const S
   // As forward, with the packed tokens as one axis: [tokens, N + 2 KV, D], RoPE on the query and key heads.
   const torch::Tensor qkv = qkv_.forward(hidden).view({tokens, width, head_dim_});
   const std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({heads_ + kv_heads_, kv_heads_}, 1);
-  const torch::Tensor rotated = torch::cat({apply_rotary(qk_v[0], inputs.cos, inputs.sin), qk_v[1]}, 1);
+  const torch::Tensor rotated = torch::cat({fused::rotary(qk_v[0], inputs.cos, inputs.sin), qk_v[1]}, 1);
   // Padded for attention: [rows x positions, N + 2 KV, D], zero where no token is (those slots are masked or their
   // outputs dropped), then heads first, [rows, N + 2 KV, positions, D], split into q, k, v.
   const auto padded = [&](const torch::Tensor& packed, const torch::Tensor& slots, int64_t rows, int64_t positions) {
@@ -246,6 +251,10 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return project(down_proj, torch::silu(gate_up[0]) * gate_up[1]);
 }
 
+torch::Tensor MLPImpl::forward_generating(const torch::Tensor& x) {
+  return project(down_proj, fused::silu_and_mul(gate_up_.forward(x)));
+}
+
 DecoderLayerImpl::DecoderLayerImpl(const Config& config) {
   self_attn = register_module("self_attn", Attention(config));
   mlp = register_module("mlp", MLP(config));
@@ -258,6 +267,17 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& hidden, const Atten
                                         AttentionCache* cache, int64_t layer) {
   const torch::Tensor attended = hidden + self_attn(input_layernorm(hidden), inputs, cache, layer);
   return attended + mlp(post_attention_layernorm(attended));
+}
+
+std::pair<torch::Tensor, torch::Tensor> DecoderLayerImpl::forward_generating(const torch::Tensor& normed,
+                                                                             const torch::Tensor& residual,
+                                                                             const AttentionInputs& inputs,
+                                                                             AttentionCache* cache, int64_t layer,
+                                                                             const RMSNormImpl& next_norm) {
+  const torch::Tensor attended = self_attn(normed, inputs, cache, layer);
+  const auto [mlp_input, mid] =
+      fused::add_rms_norm(attended, residual, post_attention_layernorm->weight, post_attention_layernorm->eps());
+  return fused::add_rms_norm(mlp->forward_generating(mlp_input), mid, next_norm.weight, next_norm.eps());
 }
 
 torch::Tensor DecoderLayerImpl::forward_shared(const torch::Tensor& hidden, const SharedAttentionInputs& inputs) {
@@ -353,10 +373,20 @@ torch::Tensor Qwen2ModelImpl::forward_with_mask(const torch::Tensor& input_ids, 
       "mask has shape ", mask.sizes(), ", expected [B, 1, T, S] for input_ids ", input_ids.sizes());
   TORCH_CHECK(mask.defined() || cache == nullptr, "forward_with_mask: causal attention without a mask takes no cache");
   torch::Tensor hidden = embed_tokens(input_ids);
-  const auto [cos, sin] = rotary_emb(position_ids);
   const torch::ScalarType dtype = active_autocast_dtype(hidden.device()).value_or(hidden.scalar_type());
-  const AttentionInputs inputs = attention_inputs(
-      mask, cos, sin, dtype, config_.num_attention_heads / config_.num_key_value_heads, input_ids.size(1));
+  const int64_t groups = config_.num_attention_heads / config_.num_key_value_heads;
+  if (cache != nullptr && !torch::GradMode::is_enabled()) {
+    // Generation: each position's cos and sin gathered from the kept table (a position a cache holds is below the
+    // mask's S), not computed and cast at every step; the same values.
+    const auto [cos_table, sin_table] = rotary_emb->table(mask.size(3), dtype);
+    AttentionInputs inputs;
+    inputs.cos = at::embedding(cos_table, position_ids).unsqueeze(1);  // [B, 1, T, D]
+    inputs.sin = at::embedding(sin_table, position_ids).unsqueeze(1);
+    inputs.mask = mask_input(mask, dtype, groups, input_ids.size(1), hidden.device());
+    return forward_generating(hidden, inputs, cache);
+  }
+  const auto [cos, sin] = rotary_emb(position_ids);
+  const AttentionInputs inputs = attention_inputs(mask, cos, sin, dtype, groups, input_ids.size(1));
   const bool checkpoint = gradient_checkpointing_ && cache == nullptr && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     const std::shared_ptr<DecoderLayerImpl> layer = layers->ptr<DecoderLayerImpl>(static_cast<std::size_t>(i));
@@ -368,6 +398,20 @@ torch::Tensor Qwen2ModelImpl::forward_with_mask(const torch::Tensor& input_ids, 
     }
   }
   return norm(hidden);
+}
+
+// Generation (a cache, no gradients): the layers carry the residual stream beside its normed form, each residual add
+// fused with the next norm, the first layer's input norm alone, the last layer's add fused with the final norm.
+torch::Tensor Qwen2ModelImpl::forward_generating(const torch::Tensor& hidden, const AttentionInputs& inputs,
+                                                 AttentionCache* cache) {
+  const auto layer = [&](int64_t i) { return layers->ptr<DecoderLayerImpl>(static_cast<std::size_t>(i)); };
+  torch::Tensor residual = hidden;
+  torch::Tensor normed = layer(0)->input_layernorm(hidden);
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const RMSNormImpl& next_norm = i + 1 < config_.num_hidden_layers ? *layer(i + 1)->input_layernorm : *norm;
+    std::tie(normed, residual) = layer(i)->forward_generating(normed, residual, inputs, cache, i, next_norm);
+  }
+  return normed;
 }
 
 namespace {

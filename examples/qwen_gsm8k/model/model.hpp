@@ -11,6 +11,8 @@
 #include <torch/version.h>
 
 #include <cstdint>
+#include <map>
+#include <utility>
 
 #include "qwen_gsm8k/model/config.hpp"
 #include "qwen_gsm8k/model/fused_linear.hpp"
@@ -32,6 +34,7 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t size, double eps);
   torch::Tensor forward(const torch::Tensor& x);  // [..., H] -> [..., H], normalised in float32
+  double eps() const { return eps_; }
   torch::Tensor weight;
 
  private:
@@ -47,6 +50,12 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
   RotaryEmbeddingImpl(int64_t head_dim, double theta);
   // cos, sin [B, T, D] for position_ids [B, T], in float32.
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& position_ids) const;
+  // cos and signed sin (sin's first half negated, as fused::rotary takes it) [L, D] in `dtype`, L >= length: rows
+  // [0, L) as forward computes them for those positions, cast as the layers take them. Made once per dtype and kept
+  // (remade only for a longer one, in steps of 256 positions; dropped by a device move), so that generation gathers
+  // a row per position (vLLM's cos/sin cache) instead of computing and casting them at every step. The generation
+  // engine sizes it for its slots before any graph is captured: the graphs read it where it is.
+  std::pair<torch::Tensor, torch::Tensor> table(int64_t length, torch::ScalarType dtype);
 
   // Device moves only: the buffer keeps float32 under to(dtype).
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
@@ -54,6 +63,9 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
   void to(torch::Device device, bool non_blocking = false) override;
 
   torch::Tensor inv_freq;  // [D / 2] float32
+
+ private:
+  std::map<torch::ScalarType, std::pair<torch::Tensor, torch::Tensor>> tables_;  // table(), by dtype
 };
 TORCH_MODULE(RotaryEmbedding);
 
@@ -107,6 +119,8 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const Config& config);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x)), gate and up as one product
+  // The same with silu and the product as one operator (fused::silu_and_mul): generation only, no autograd.
+  torch::Tensor forward_generating(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
@@ -120,6 +134,13 @@ class DecoderLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache,
                         int64_t layer);
   torch::Tensor forward_shared(const torch::Tensor& hidden, const SharedAttentionInputs& inputs);
+  // The generation path (a cache, no gradients), as vLLM runs a layer: it takes its input normed (normed) beside the
+  // residual stream (residual) and returns the same pair for the next layer, next_norm (the next layer's input norm,
+  // or the model's final norm) applied; each residual add is fused with the norm after it (fused::add_rms_norm).
+  // The same arithmetic as forward, in other operators.
+  std::pair<torch::Tensor, torch::Tensor> forward_generating(const torch::Tensor& normed, const torch::Tensor& residual,
+                                                             const AttentionInputs& inputs, AttentionCache* cache,
+                                                             int64_t layer, const RMSNormImpl& next_norm);
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -172,6 +193,7 @@ class Qwen2ModelImpl : public torch::nn::Module {
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
 
  private:
+  torch::Tensor forward_generating(const torch::Tensor& hidden, const AttentionInputs& inputs, AttentionCache* cache);
   Config config_;
   bool gradient_checkpointing_ = false;
 };

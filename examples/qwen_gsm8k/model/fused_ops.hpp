@@ -1,0 +1,48 @@
+// The generation path's fused operators, as vLLM's (fused_add_rms_norm, silu_and_mul, the rotary embedding with the
+// cache write): each is one operator of the dispatcher (torch.ops.qwen.*) and one kernel on CUDA
+// (model/fused_ops_cuda.cu, where the build has a CUDA compiler and LibTorch's CUDA). Everywhere else, and on CUDA
+// inputs the kernels do not take (mixed dtypes), the operator runs the composite of the ATen calls the unfused path
+// makes, in the same order: a CPU run computes the same bits as before, and a CPU profile counts one operator where a
+// GPU launches one kernel. No autograd: the model calls them only while generating (a cache, no gradients).
+//
+// Shapes: R = rows, H = hidden, I = MLP width, N = query heads, KV = key/value heads, D = head dimension,
+// S = cache slots, C = positions per slot.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace qwen::fused {
+
+// RMSNorm as Hugging Face's Qwen2RMSNorm: x normalised in float32, cast back to x's dtype, times weight.
+// x [..., H], weight [H] -> [..., H]. Not a dispatcher operator (LibTorch 2.4 and later have at::rms_norm, one).
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// The residual add and the next norm in one: sum = residual + x, then {rms_norm(sum, weight, eps), sum}.
+// x, residual [..., H]; weight [H].
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
+                                                     const torch::Tensor& weight, double eps);
+
+// silu(gate) * up, for gate and up the two halves of gate_up [..., 2 I] (one product's output) -> [..., I].
+torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
+
+// RoPE as rotate-half: x * cos + rotate_half(x) * sin, written x * cos + roll(x, D / 2) * signed_sin, with
+// signed_sin = (-sin1, sin2) (the same products: a negation is exact). x [B, heads, T, D]; cos, signed_sin
+// [B, 1, T, D].
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& signed_sin);
+
+// One decode step's attention input of a layer, in one kernel: RoPE on the query and key heads, the rotated key and
+// the value written to the cache at row r's slot rows[r] and position positions[r], the rotated query returned.
+// qkv [R, 1, (N + 2 KV) D] (the q/k/v product's output); cos, signed_sin [R, 1, 1, D] (as rotary's);
+// key_cache, value_cache [S, KV, C, D] (written in place); rows, positions [R] int64 -> query [R, N, 1, D].
+torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
+                             const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                             const torch::Tensor& rows, const torch::Tensor& positions, int64_t heads,
+                             int64_t kv_heads);
+
+// Whether the CUDA kernels were built into this program (else CUDA inputs run the composites).
+bool cuda_kernels_built();
+
+}  // namespace qwen::fused

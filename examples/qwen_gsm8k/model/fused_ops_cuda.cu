@@ -1,0 +1,155 @@
+// The fused operators' CUDA kernels (model/fused_kernels.hpp). Each rounds where the unfused ATen calls round (every
+// elementwise result stored in the tensors' dtype, computed in float32 as ATen's opmath does), so a kernel computes
+// what the composite it replaces computes, bar the norm's sum order and the exponential's last bits.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdint>
+
+#include "qwen_gsm8k/model/fused_kernels.hpp"
+
+namespace qwen::fused::kernels {
+namespace {
+
+constexpr int kThreads = 256;  // a multiple of the warp's 32
+
+// The sum of every thread's `value` in the block, returned to every thread.
+template <typename Acc>
+__device__ Acc block_sum(Acc value) {
+  __shared__ Acc partial[kThreads / 32];
+  __shared__ Acc total;
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < kThreads / 32 ? partial[lane] : Acc(0);
+    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    if (lane == 0) total = value;
+  }
+  __syncthreads();
+  return total;
+}
+
+// One block per row: sum = residual + x (stored), then Qwen2RMSNorm of the stored sum: normalised in float32, cast
+// back, times the weight.
+template <typename T>
+__global__ void add_rms_norm_kernel(const T* x, const T* residual, const T* weight, T* normed, T* sum, int64_t hidden,
+                                    float eps) {
+  using Acc = at::opmath_type<T>;
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * hidden;
+  Acc squares = 0;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const T total = static_cast<T>(static_cast<Acc>(residual[offset + i]) + static_cast<Acc>(x[offset + i]));
+    sum[offset + i] = total;
+    const Acc value = static_cast<Acc>(total);
+    squares += value * value;
+  }
+  const Acc inverse = rsqrt(block_sum(squares) / static_cast<Acc>(hidden) + static_cast<Acc>(eps));
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {  // each thread reads back its own writes
+    const T scaled = static_cast<T>(static_cast<Acc>(sum[offset + i]) * inverse);
+    normed[offset + i] = static_cast<T>(static_cast<Acc>(weight[i]) * static_cast<Acc>(scaled));
+  }
+}
+
+// out[r, j] = silu(gate_up[r, j]) * gate_up[r, I + j], the silu stored before the product as ATen's two calls do.
+template <typename T>
+__global__ void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t width) {
+  using Acc = at::opmath_type<T>;
+  const int64_t total = rows * width;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / width, j = e % width;
+    const Acc gate = static_cast<Acc>(gate_up[row * 2 * width + j]);
+    const T silu = static_cast<T>(gate / (Acc(1) + exp(-gate)));
+    out[e] = static_cast<T>(static_cast<Acc>(silu) * static_cast<Acc>(gate_up[row * 2 * width + width + j]));
+  }
+}
+
+struct CacheLayout {
+  int64_t slot, head, position;  // strides of [S, KV, C, D] (D's is 1)
+};
+
+// One block per row: RoPE on the row's query and key heads (x * cos + roll(x, D / 2) * signed_sin, each product
+// stored, then the sum), the query to `query`, the key and the value to the cache at [rows[r], h, positions[r], :].
+template <typename T>
+__global__ void rope_and_cache_kernel(const T* qkv, const T* cos, const T* signed_sin, T* key_cache, T* value_cache,
+                                      const int64_t* rows, const int64_t* positions, T* query, int64_t heads,
+                                      int64_t kv_heads, int64_t head_dim, CacheLayout cache) {
+  using Acc = at::opmath_type<T>;
+  const int64_t row = blockIdx.x, width = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
+  const T* in = qkv + row * width;
+  const int64_t base = rows[row] * cache.slot + positions[row] * cache.position;
+  for (int64_t e = threadIdx.x; e < width; e += blockDim.x) {
+    const int64_t head = e / head_dim, d = e % head_dim;
+    if (head >= heads + kv_heads) {
+      value_cache[base + (head - heads - kv_heads) * cache.head + d] = in[e];
+      continue;
+    }
+    const T partner = in[head * head_dim + (d + half) % head_dim];
+    const T straight = static_cast<T>(static_cast<Acc>(in[e]) * static_cast<Acc>(cos[row * head_dim + d]));
+    const T turned = static_cast<T>(static_cast<Acc>(partner) * static_cast<Acc>(signed_sin[row * head_dim + d]));
+    const T rotated = static_cast<T>(static_cast<Acc>(straight) + static_cast<Acc>(turned));
+    if (head < heads) {
+      query[(row * heads + head) * head_dim + d] = rotated;
+    } else {
+      key_cache[base + (head - heads) * cache.head + d] = rotated;
+    }
+  }
+}
+
+unsigned blocks_for(int64_t elements) {
+  const int64_t wanted = (elements + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(wanted < 65535 ? (wanted > 0 ? wanted : 1) : 65535);
+}
+
+}  // namespace
+
+void add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight, double eps,
+                  const torch::Tensor& normed, const torch::Tensor& sum) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t hidden = x.size(-1), rows = x.numel() / hidden;
+  if (rows == 0) return;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "qwen::add_rms_norm", [&] {
+    add_rms_norm_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), normed.data_ptr<scalar_t>(),
+        sum.data_ptr<scalar_t>(), hidden, static_cast<float>(eps));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void silu_and_mul(const torch::Tensor& gate_up, const torch::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const int64_t width = out.size(-1), rows = out.numel() / (width > 0 ? width : 1);
+  if (out.numel() == 0) return;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(gate_up.device().index());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate_up.scalar_type(), "qwen::silu_and_mul", [&] {
+    silu_and_mul_kernel<scalar_t><<<blocks_for(out.numel()), kThreads, 0, stream>>>(
+        gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, width);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
+                    const torch::Tensor& key_cache, const torch::Tensor& value_cache, const torch::Tensor& rows,
+                    const torch::Tensor& positions, int64_t heads, int64_t kv_heads, const torch::Tensor& query) {
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  const int64_t batch = qkv.size(0);
+  if (batch == 0) return;
+  const CacheLayout layout{key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(qkv.device().index());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, qkv.scalar_type(), "qwen::rope_and_cache", [&] {
+    rope_and_cache_kernel<scalar_t><<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(
+        qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), signed_sin.data_ptr<scalar_t>(),
+        key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(), rows.data_ptr<int64_t>(),
+        positions.data_ptr<int64_t>(), query.data_ptr<scalar_t>(), heads, kv_heads, key_cache.size(3), layout);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace qwen::fused::kernels
