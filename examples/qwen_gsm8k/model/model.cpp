@@ -35,17 +35,26 @@ std::pair<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(const torch
   return {angles.cos(), angles.sin()};
 }
 
+namespace {
+
+// RoPE's cos and sin [..., D] in `dtype`, sin's first half negated (fused::rotary's sign).
+std::pair<torch::Tensor, torch::Tensor> rotary_input(const torch::Tensor& cos, const torch::Tensor& sin,
+                                                     torch::ScalarType dtype) {
+  const int64_t half = sin.size(-1) / 2;
+  return {cos.to(dtype), torch::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1).to(dtype)};
+}
+
+}  // namespace
+
 std::pair<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::table(int64_t length, torch::ScalarType dtype) {
-  auto& [cos, signed_sin] = tables_[dtype];
-  if (cos.defined() && cos.size(0) >= length) return {cos, signed_sin};
+  std::pair<torch::Tensor, torch::Tensor>& kept = tables_[dtype];
+  if (kept.first.defined() && kept.first.size(0) >= length) return kept;
   const torch::NoGradGuard no_grad;
   constexpr int64_t kStep = 256;
   const int64_t rows = (length + kStep - 1) / kStep * kStep;
-  const auto [all_cos, all_sin] = forward(torch::arange(rows, inv_freq.options().dtype(torch::kInt64)));
-  const int64_t half = all_sin.size(-1) / 2;
-  cos = all_cos.to(dtype);
-  signed_sin = torch::cat({-all_sin.narrow(-1, 0, half), all_sin.narrow(-1, half, half)}, -1).to(dtype);
-  return {cos, signed_sin};
+  const auto [cos, sin] = forward(torch::arange(rows, inv_freq.options().dtype(torch::kInt64)));
+  kept = rotary_input(cos, sin, dtype);
+  return kept;
 }
 
 void RotaryEmbeddingImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool non_blocking) {
@@ -324,13 +333,6 @@ double mask_lowest(torch::ScalarType dtype) {
 }
 
 namespace {
-
-// RoPE's cos and sin [..., D] in `dtype`, sin's first half negated (apply_rotary's sign).
-std::pair<torch::Tensor, torch::Tensor> rotary_input(const torch::Tensor& cos, const torch::Tensor& sin,
-                                                     torch::ScalarType dtype) {
-  const int64_t half = sin.size(-1) / 2;
-  return {cos.to(dtype), torch::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1).to(dtype)};
-}
 
 // The mask [B, 1, T, S] (float32, or undefined: causal) in the form the attention path takes (AttentionInputs::mask).
 torch::Tensor mask_input(const torch::Tensor& mask, torch::ScalarType dtype, int64_t groups, int64_t positions,
