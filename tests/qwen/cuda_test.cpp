@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -157,6 +158,47 @@ TEST_CASE("CUDA: the fused operators' kernels compute what their composites comp
     CHECK(close(gpu[0], cpu[0]));         // the rotated query
     CHECK(close(gpu[1], cpu[1]));         // the rotated keys, at their slots and positions only
     CHECK(torch::equal(gpu[2], cpu[2]));  // the values, copied
+
+    // The sampler at Qwen2.5's vocabulary and at a tiny one, greedy and drawn, at temperatures 1 and 0.7. Greedy:
+    // the CPU's tokens. Drawn: each token's interval of the exact (float64) CDF holds u x total within float32's
+    // rounding of a 151,936-term sum (the kernel sums in another order than the CPU, so a uniform that close to a
+    // bound may fall on either side), and has positive probability. The log-probs: the CPU's, within that rounding.
+    for (const int64_t vocab : {int64_t{151936}, int64_t{7}}) {
+      CAPTURE(vocab);
+      const int64_t draws = 8;
+      torch::Tensor logits = (torch::randn({draws, vocab}) * 4).to(dtype);
+      logits[1].narrow(0, vocab - 3, 3).fill_(-std::numeric_limits<float>::infinity());  // probability 0
+      torch::Tensor uniforms = torch::rand({draws});
+      uniforms[0] = 0.0F;
+      uniforms[1] = 1.0F - 0x1.0p-23F;  // the largest: the last token of positive probability
+      for (const double temperature : {1.0, 0.7}) {
+        CAPTURE(temperature);
+        const torch::Tensor exact = (logits.to(torch::kFloat64) / temperature).log_softmax(-1);
+        const torch::Tensor cdf = exact.exp().cumsum(-1);
+        for (const bool greedy : {true, false}) {
+          CAPTURE(greedy);
+          const torch::Tensor u = greedy ? torch::Tensor() : uniforms;
+          const auto [token, logprob] = qwen::fused::sample_tokens(logits, u, temperature);
+          const auto [token_gpu, logprob_gpu] =
+              qwen::fused::sample_tokens(logits.to(cuda), greedy ? u : u.to(cuda), temperature);
+          CHECK(torch::allclose(logprob_gpu.cpu(), logprob, 1e-4, 1e-4));
+          if (greedy) {
+            CHECK(torch::equal(token_gpu.cpu(), token));
+            continue;
+          }
+          for (int64_t r = 0; r < draws; ++r) {
+            CAPTURE(r);
+            const int64_t t = token_gpu[r].item<int64_t>();
+            REQUIRE((t >= 0 && t < vocab));
+            const double below = t > 0 ? cdf[r][t - 1].item<double>() : 0.0, upto = cdf[r][t].item<double>();
+            const double target = uniforms[r].item<double>() * cdf[r][vocab - 1].item<double>();
+            CHECK(exact[r][t].item<double>() > -std::numeric_limits<double>::infinity());
+            CHECK(below - 1e-4 <= target);
+            CHECK(target <= upto + 1e-4);
+          }
+        }
+      }
+    }
   }
 }
 

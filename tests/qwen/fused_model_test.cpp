@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -135,6 +136,44 @@ TEST_CASE("fused operators: each computes the formula it replaces, and the cache
     CHECK_THROWS_WITH(qwen::fused::rope_and_cache(torch::randn({rows, 2, (heads + 2 * kv_heads) * dim}), cos,
                                                   signed_sin, keys, values, slot, position, heads, kv_heads),
                       doctest::Contains("qwen::rope_and_cache: qkv has shape"));
+  }
+  SUBCASE("sample_tokens: the argmax or the inverse CDF at each row's uniform, and log softmax(x / T) of the token") {
+    const int64_t rows = 6, vocab = 50;
+    torch::Tensor logits = torch::randn({rows, vocab}) * 3;
+    logits[2].narrow(0, 40, 10).fill_(-std::numeric_limits<float>::infinity());  // a tail of probability 0
+    logits[2][39] = 0.0;  // its last positive probability well above 2^-23
+    const torch::Tensor uniforms = torch::tensor({0.0F, 0.1F, 1.0F - 0x1.0p-23F, 0.5F, 0.77F, 0.999F});
+    for (const double temperature : {1.0, 0.7}) {
+      CAPTURE(temperature);
+      const torch::Tensor x = logits.to(torch::kFloat64) / temperature;
+      const torch::Tensor logp = x.log_softmax(-1);
+      // The reference draw in float64: the first token whose cumulative probability exceeds u.
+      const torch::Tensor cdf = logp.exp().cumsum(-1);
+      const auto [token, logprob] = qwen::fused::sample_tokens(logits, uniforms, temperature);
+      const auto [greedy, greedy_logprob] = qwen::fused::sample_tokens(logits, torch::Tensor(), temperature);
+      CHECK((token.scalar_type() == torch::kInt64 && logprob.scalar_type() == torch::kFloat32));
+      CHECK(torch::equal(greedy, logits.argmax(-1)));
+      for (int64_t r = 0; r < rows; ++r) {
+        CAPTURE(r);
+        const double u = uniforms[r].item<double>();
+        const int64_t expected = (cdf[r] > u * cdf[r][vocab - 1].item<double>()).nonzero()[0].item<int64_t>();
+        CHECK(token[r].item<int64_t>() == expected);
+        CHECK(logprob[r].item<double>() == doctest::Approx(logp[r][expected].item<double>()).epsilon(1e-5));
+        CHECK(greedy_logprob[r].item<double>() == doctest::Approx(logp[r][greedy[r]].item<double>()).epsilon(1e-5));
+      }
+      CHECK(token[0].item<int64_t>() == 0);   // u = 0: the first token
+      CHECK(token[2].item<int64_t>() == 39);  // the largest uniform: the last token of positive probability
+    }
+    // bfloat16 logits are read as they are: the same tokens as their float32 values, no cast before the call.
+    const torch::Tensor narrow_logits = logits.to(torch::kBFloat16);
+    const auto [token16, logprob16] = qwen::fused::sample_tokens(narrow_logits, uniforms, 1.0);
+    const auto [token32, logprob32] = qwen::fused::sample_tokens(narrow_logits.to(torch::kFloat32), uniforms, 1.0);
+    CHECK(torch::equal(token16, token32));
+    CHECK(torch::equal(logprob16, logprob32));
+    CHECK_THROWS_WITH(qwen::fused::sample_tokens(logits, uniforms.to(torch::kFloat64), 1.0),
+                      doctest::Contains("qwen::sample_tokens: uniforms have shape [6], expected [6] float32"));
+    CHECK_THROWS_WITH(qwen::fused::sample_tokens(logits, uniforms, 0.0),
+                      doctest::Contains("qwen::sample_tokens: temperature is 0"));
   }
 }
 

@@ -7,22 +7,11 @@
 
 #include "qwen_gsm8k/engine/sequence_random.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/host_door.hpp"
 #include "qwen_gsm8k/model/kv_cache.hpp"
 
 namespace qwen {
-namespace {
-
-// One token per row: the argmax, or the inverse of the row's CDF at its own uniform. The CDF is summed in float64
-// (151,936 probabilities); searchsorted's right side never lands on a token of probability 0.
-torch::Tensor draw(const torch::Tensor& scores, const torch::Tensor& uniforms, const SamplingOptions& sampling) {
-  if (sampling.greedy()) return scores.argmax(-1);
-  const torch::Tensor cdf = scores.softmax(-1).to(torch::kFloat64).cumsum(-1);  // [R, V]
-  const torch::Tensor target = (uniforms * cdf.select(1, cdf.size(1) - 1)).unsqueeze(1);
-  return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cdf.size(1) - 1);
-}
-
-}  // namespace
 
 ModelRunner::ModelRunner(Qwen2ForCausalLM& model, const EngineOptions& options, torch::ScalarType compute_dtype,
                          std::shared_ptr<GraphRecorder> recorder)
@@ -61,7 +50,7 @@ void ModelRunner::begin(EngineStats& stats, const RunOptions& run) {
   const int64_t width = options_.max_new_tokens;
   logprobs_ = buffer("logprobs", run.return_logprobs, {slots_, width}, torch::kFloat32);
   seen_ = buffer("seen", run.sampling.repetition_penalty != 1.0, {slots_, capacity_}, torch::kInt64);
-  uniforms_ = buffer("uniforms", !run.sampling.greedy(), {slots_, width}, torch::kFloat64);
+  uniforms_ = buffer("uniforms", !run.sampling.greedy(), {slots_, width}, torch::kFloat32);
   per_row_ = {&next_token_, &positions_, &generated_index_, &finished_at_, &tokens_};
   for (torch::Tensor* optional : {&logprobs_, &seen_, &uniforms_}) {
     if (optional->defined()) per_row_.push_back(optional);
@@ -118,7 +107,7 @@ ModelRunner::Prefill ModelRunner::prefill(const std::vector<const std::vector<in
   const torch::Tensor rows = torch::arange(count, ids.options());
   const torch::Tensor last_hidden = hidden.index({rows, host_door::to_device(last, device_)});  // [P, H]
   Prefill out;
-  out.logits = compute()->logits(last_hidden).to(torch::kFloat32);  // float32 for sampling (no-op when it is)
+  out.logits = compute()->logits(last_hidden);  // in the compute dtype, as the decode step's
   for (int64_t layer = 0; layer < model_->config().num_hidden_layers; ++layer) {
     out.keys.push_back(cache.layer_keys(layer));
     out.values.push_back(cache.layer_values(layer));
@@ -175,7 +164,7 @@ void ModelRunner::draw_first_tokens(const Admission& admission, const std::vecto
   const int64_t width = options_.max_new_tokens;
   torch::Tensor positions = torch::empty({count}, longs);
   torch::Tensor uniforms =
-      uniforms_.defined() ? torch::empty({count, width}, longs.dtype(torch::kFloat64)) : torch::Tensor();
+      uniforms_.defined() ? torch::empty({count, width}, longs.dtype(torch::kFloat32)) : torch::Tensor();
   torch::Tensor seen = seen_.defined() ? torch::empty({count, capacity_}, longs) : torch::Tensor();
   for (int64_t c = 0; c < count; ++c) {
     const Admission::Placed& placed = admission.placed[static_cast<std::size_t>(c)];
@@ -184,7 +173,7 @@ void ModelRunner::draw_first_tokens(const Admission& admission, const std::vecto
     positions[c] = length;
     if (uniforms.defined()) {
       const uint64_t seed = sequence_seed(request.seed, placed.sample);
-      auto* u = uniforms[c].data_ptr<double>();
+      auto* u = uniforms[c].data_ptr<float>();
       for (int64_t t = 0; t < width; ++t) u[t] = sequence_uniform(seed, t);
     }
     if (seen.defined()) {  // padding past the sequence repeats its first token: the penalty sees only its own
@@ -200,9 +189,8 @@ void ModelRunner::draw_first_tokens(const Admission& admission, const std::vecto
     uniforms_.index_copy_(0, slots, uniforms);
   }
   if (seen.defined()) seen = host_door::to_device(seen, device_);
-  const torch::Tensor scores =
-      process_logits(logits, seen.defined() ? seen.narrow(1, 0, admission.longest_prompt) : seen, run_.sampling);
-  const torch::Tensor token = draw(scores, uniforms.defined() ? uniforms.select(1, 0) : uniforms, run_.sampling);
+  const auto [token, logprob] = draw(logits, seen.defined() ? seen.narrow(1, 0, admission.longest_prompt) : seen,
+                                     uniforms.defined() ? uniforms.select(1, 0) : uniforms);
   positions = host_door::to_device(positions, device_);
   if (seen.defined()) {
     seen.scatter_(1, positions.unsqueeze(1), token.unsqueeze(1));
@@ -213,7 +201,7 @@ void ModelRunner::draw_first_tokens(const Admission& admission, const std::vecto
   tokens_.index_copy_(0, slots, tokens);
   if (logprobs_.defined()) {
     torch::Tensor logprobs = torch::zeros({count, width}, logprobs_.options());
-    logprobs.select(1, 0).copy_(token_logprobs(logits, token));
+    logprobs.select(1, 0).copy_(logprob);
     logprobs_.index_copy_(0, slots, logprobs);
   }
   next_token_.index_copy_(0, slots, token);
@@ -226,12 +214,24 @@ torch::Tensor ModelRunner::is_stop(const torch::Tensor& token) const {
   return (token.unsqueeze(1) == stop_ids_.unsqueeze(0)).any(1);
 }
 
-// No division where the temperature is 1 (the trainer's rollouts, the greedy runs): x / 1 is x, so the same bits
-// with one pass over the vocabulary fewer.
-torch::Tensor ModelRunner::token_logprobs(const torch::Tensor& logits, const torch::Tensor& token) const {
-  const double temperature = run_.sampling.greedy() ? 1.0 : run_.sampling.temperature;
-  const torch::Tensor scaled = temperature == 1.0 ? logits : logits / temperature;
-  return scaled.log_softmax(-1).gather(1, token.unsqueeze(1)).squeeze(1);
+// With no processor but the temperature (the trainer's rollouts, the greedy runs), one fused operator draws from the
+// logits and gives the log-prob from the same reads; with a repetition penalty, top-k or top-p it draws from the
+// processed scores, and the log-prob takes its own pass over the logits.
+std::pair<torch::Tensor, torch::Tensor> ModelRunner::draw(const torch::Tensor& logits, const torch::Tensor& seen,
+                                                          const torch::Tensor& uniforms) const {
+  const SamplingOptions& sampling = run_.sampling;
+  const double temperature = sampling.greedy() ? 1.0 : sampling.temperature;
+  if (!sampling.filtered()) {
+    auto [token, logprob] = fused::sample_tokens(logits, uniforms, temperature);
+    return {std::move(token), logprobs_.defined() ? std::move(logprob) : torch::Tensor()};
+  }
+  torch::Tensor token = fused::sample_tokens(process_logits(logits, seen, sampling), uniforms, 1.0).first;
+  if (!logprobs_.defined()) return {std::move(token), torch::Tensor()};
+  // No division where the temperature is 1: x / 1 is x, so the same bits with one pass fewer.
+  const torch::Tensor x = logits.to(torch::kFloat32);
+  const torch::Tensor scaled = temperature == 1.0 ? x : x / temperature;
+  torch::Tensor logprob = scaled.log_softmax(-1).gather(1, token.unsqueeze(1)).squeeze(1);
+  return {std::move(token), std::move(logprob)};
 }
 
 void ModelRunner::decode(const StepShape& shape) {
@@ -258,17 +258,14 @@ void ModelRunner::decode_step(int64_t rows, int64_t window) {
   cache_.set_step(rows, positions, window);
   const torch::Tensor hidden = compute()->model->forward_with_mask(next_token_.narrow(0, 0, rows).unsqueeze(1), mask,
                                                                    positions.unsqueeze(1), &cache_);
-  // [R, V] float32 for sampling: a cast where the model computes in bfloat16, none in float32.
-  const torch::Tensor logits = compute()->logits(hidden.select(1, 0)).to(torch::kFloat32);
+  // [R, V] in the compute dtype: the sampler reads it as it is (no cast of the logits).
+  const torch::Tensor logits = compute()->logits(hidden.select(1, 0));
   const torch::Tensor seen = seen_.defined() ? seen_.narrow(0, 0, rows).narrow(1, 0, window) : seen_;
-  const torch::Tensor scores = process_logits(logits, seen, run_.sampling);
   const torch::Tensor uniforms =
       uniforms_.defined() ? uniforms_.narrow(0, 0, rows).gather(1, index.unsqueeze(1)).squeeze(1) : uniforms_;
-  const torch::Tensor token = draw(scores, uniforms, run_.sampling);
+  const auto [token, logprob] = draw(logits, seen, uniforms);
   tokens_.narrow(0, 0, rows).scatter_(1, index.unsqueeze(1), token.unsqueeze(1));
-  if (logprobs_.defined()) {
-    logprobs_.narrow(0, 0, rows).scatter_(1, index.unsqueeze(1), token_logprobs(logits, token).unsqueeze(1));
-  }
+  if (logprobs_.defined()) logprobs_.narrow(0, 0, rows).scatter_(1, index.unsqueeze(1), logprob.unsqueeze(1));
   if (seen_.defined()) seen_.narrow(0, 0, rows).scatter_(1, (positions + 1).unsqueeze(1), token.unsqueeze(1));
   const torch::Tensor finished = finished_at_.narrow(0, 0, rows);
   finished.copy_(torch::where(finished.lt(0) & is_stop(token), index, finished));

@@ -4,8 +4,8 @@
 // the prefills kept for requests whose later samples wait, the model's compute copy and the decode step's CUDA graphs
 // (decode_graphs.hpp). Where the weights are float32 and autocast asks for bfloat16 (or float16), the runner computes
 // in a copy of the model in that dtype (model/compute_copy.hpp, as vLLM runs a bfloat16 model), with autocast off: no
-// cast inside a layer, a bfloat16 residual stream; outside the layers a step still casts the positions and RoPE's cos
-// and sin, the logits to float32 for sampling (as vLLM's sampler casts them) and the probabilities to float64. It lives
+// cast inside a layer, a bfloat16 residual stream, and none outside: the sampler (fused::sample_tokens) reads the
+// logits in that dtype and computes in float32 (vLLM's sampler casts the logits to float32 first). It lives
 // as long as its engine: a run begins by resetting the per-run state and writing the weights' current values into the
 // copy in place, so that the graphs captured in an earlier run are replayed, not captured again. It knows nothing of
 // requests' order or of when to check: the scheduler (scheduler.hpp) does.
@@ -75,8 +75,11 @@ class ModelRunner {
   void draw_first_tokens(const Admission& admission, const std::vector<torch::Tensor>& first_logits);
   void decode_step(int64_t rows, int64_t window);  // the device work of a step: what a CUDA graph captures
   torch::Tensor is_stop(const torch::Tensor& token) const;
-  // log p(token) under softmax(logits / temperature), temperature 1 when greedy: logits [R, V] float32 -> [R].
-  torch::Tensor token_logprobs(const torch::Tensor& logits, const torch::Tensor& token) const;
+  // One token per row as the run samples ([R] int64: its argmax when greedy, else drawn at the row's uniform [R]) and,
+  // where the run returns log-probs, log p(token) under softmax(logits / temperature), temperature 1 when greedy
+  // ([R] float32, else undefined). logits [R, V] in the compute dtype; seen [R, W] (the repetition penalty's).
+  std::pair<torch::Tensor, torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor& seen,
+                                               const torch::Tensor& uniforms) const;
 
   Qwen2ForCausalLM& model_;
   const EngineOptions& options_;

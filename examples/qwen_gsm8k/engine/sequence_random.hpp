@@ -15,11 +15,11 @@ inline uint64_t sequence_seed(uint64_t request_seed, int64_t sample) {
 }
 
 // The uniform in [0, 1) for token `token` of the sequence seeded `seed`: output `token` of SplitMix64 from that seed,
-// its top 52 bits. At most 1 - 2^-52, so u x total < total for any positive double total (the draw never falls past the
-// last token of a distribution).
-inline double sequence_uniform(uint64_t seed, int64_t token) {
+// its top 23 bits, so at most 1 - 2^-23: then u x total < total for any positive float32 total, and the draw
+// (fused::sample_tokens) never falls past the last token of positive probability. Exact in float32.
+inline float sequence_uniform(uint64_t seed, int64_t token) {
   const uint64_t bits = splitmix64(seed + kSplitMixIncrement * static_cast<uint64_t>(token));
-  return static_cast<double>(bits >> 12) * 0x1.0p-52;
+  return static_cast<float>(bits >> 41) * 0x1.0p-23f;
 }
 
 }  // namespace qwen

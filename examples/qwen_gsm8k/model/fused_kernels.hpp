@@ -20,4 +20,8 @@ void rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const to
                     const torch::Tensor& key_cache, const torch::Tensor& value_cache, const torch::Tensor& rows,
                     const torch::Tensor& positions, int64_t heads, int64_t kv_heads, const torch::Tensor& query);
 
+// token [R] int64, logprob [R] float32; uniforms [R] float32, undefined when greedy.
+void sample_tokens(const torch::Tensor& logits, const torch::Tensor& uniforms, double temperature,
+                   const torch::Tensor& token, const torch::Tensor& logprob);
+
 }  // namespace qwen::fused::kernels

@@ -67,6 +67,34 @@ void check_rope_and_cache(const Tensor& qkv, const Tensor& cos, const Tensor& ke
               "]");
 }
 
+std::tuple<Tensor, Tensor> composite_sample_tokens(const Tensor& logits, const c10::optional<Tensor>& uniforms,
+                                                   double temperature) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && at::isFloatingType(logits.scalar_type()),
+              "qwen::sample_tokens: logits have shape ", logits.sizes(), " and dtype ", logits.scalar_type(),
+              ", expected [R, V] floating");
+  TORCH_CHECK(temperature > 0, "qwen::sample_tokens: temperature is ", temperature, ", expected > 0");
+  const bool greedy = !uniforms.has_value() || !uniforms->defined();
+  TORCH_CHECK(
+      greedy || (uniforms->dim() == 1 && uniforms->size(0) == logits.size(0) && uniforms->scalar_type() == at::kFloat),
+      "qwen::sample_tokens: uniforms have shape ", (greedy ? logits.sizes() : uniforms->sizes()), ", expected [",
+      logits.size(0), "] float32");
+  // The casts and the division only where they change something (each is a pass over [R, V]).
+  Tensor x = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+  if (temperature != 1.0) x = x / temperature;
+  const Tensor logp = x.log_softmax(-1);
+  Tensor token;
+  if (greedy) {
+    token = x.argmax(-1);
+  } else {
+    const Tensor cdf = logp.exp().cumsum(-1);  // [R, V] float32
+    const int64_t vocab = cdf.size(1);
+    const Tensor target = uniforms->unsqueeze(1) * cdf.narrow(1, vocab - 1, 1);
+    token = at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(vocab - 1);
+  }
+  Tensor logprob = logp.gather(1, token.unsqueeze(1)).squeeze(1);
+  return {std::move(token), std::move(logprob)};
+}
+
 #if DAPO_DRIVER_CUDA_KERNELS
 bool one_floating_dtype(std::initializer_list<const Tensor*> tensors) {
   const auto dtype = (*tensors.begin())->scalar_type();
@@ -112,6 +140,20 @@ Tensor cuda_rope_and_cache(const Tensor& qkv, const Tensor& cos, const Tensor& s
   kernels::rope_and_cache(qkv, cos, signed_sin, key_cache, value_cache, rows, positions, heads, kv_heads, query);
   return query;
 }
+
+std::tuple<Tensor, Tensor> cuda_sample_tokens(const Tensor& logits, const c10::optional<Tensor>& uniforms,
+                                              double temperature) {
+  const bool greedy = !uniforms.has_value() || !uniforms->defined();
+  const bool taken = logits.dim() == 2 && logits.size(1) > 0 && temperature > 0 && one_floating_dtype({&logits}) &&
+                     (greedy || (uniforms->dim() == 1 && uniforms->size(0) == logits.size(0) &&
+                                 uniforms->scalar_type() == at::kFloat && uniforms->is_contiguous() &&
+                                 uniforms->device() == logits.device()));
+  if (!taken) return composite_sample_tokens(logits, uniforms, temperature);
+  Tensor token = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  Tensor logprob = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  kernels::sample_tokens(logits, greedy ? Tensor() : *uniforms, temperature, token, logprob);
+  return {std::move(token), std::move(logprob)};
+}
 #endif
 
 Tensor composite_checked_rope_and_cache(const Tensor& qkv, const Tensor& cos, const Tensor& signed_sin,
@@ -129,12 +171,14 @@ TORCH_LIBRARY(qwen, m) {
   m.def(
       "rope_and_cache(Tensor qkv, Tensor cos, Tensor signed_sin, Tensor(a!) key_cache, Tensor(b!) value_cache, "
       "Tensor rows, Tensor positions, int heads, int kv_heads) -> Tensor");
+  m.def("sample_tokens(Tensor logits, Tensor? uniforms, float temperature) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(qwen, CompositeExplicitAutograd, m) {
   m.impl("add_rms_norm", &composite_add_rms_norm);
   m.impl("silu_and_mul", &composite_silu_and_mul);
   m.impl("rope_and_cache", &composite_checked_rope_and_cache);
+  m.impl("sample_tokens", &composite_sample_tokens);
 }
 
 #if DAPO_DRIVER_CUDA_KERNELS
@@ -142,6 +186,7 @@ TORCH_LIBRARY_IMPL(qwen, CUDA, m) {
   m.impl("add_rms_norm", &cuda_add_rms_norm);
   m.impl("silu_and_mul", &cuda_silu_and_mul);
   m.impl("rope_and_cache", &cuda_rope_and_cache);
+  m.impl("sample_tokens", &cuda_sample_tokens);
 }
 #endif
 
@@ -187,6 +232,15 @@ Tensor rope_and_cache(const Tensor& qkv, const Tensor& cos, const Tensor& signed
                              .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                            const Tensor&, const Tensor&, int64_t, int64_t)>();
   return op.call(qkv, cos, signed_sin, key_cache, value_cache, rows, positions, heads, kv_heads);
+}
+
+std::pair<Tensor, Tensor> sample_tokens(const Tensor& logits, const Tensor& uniforms, double temperature) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("qwen::sample_tokens", "")
+                             .typed<std::tuple<Tensor, Tensor>(const Tensor&, const c10::optional<Tensor>&, double)>();
+  auto [token, logprob] =
+      op.call(logits, uniforms.defined() ? c10::optional<Tensor>(uniforms) : c10::optional<Tensor>(), temperature);
+  return {std::move(token), std::move(logprob)};
 }
 
 bool cuda_kernels_built() {

@@ -1,12 +1,13 @@
 // The generation path's fused operators, as vLLM's (fused_add_rms_norm, silu_and_mul, the rotary embedding with the
-// cache write): each is one operator of the dispatcher (torch.ops.qwen.*) and one kernel on CUDA
-// (model/fused_ops_cuda.cu, where the build has a CUDA compiler and LibTorch's CUDA). Everywhere else, and on CUDA
-// inputs the kernels do not take (mixed dtypes), the operator runs the composite of the ATen calls the unfused path
-// makes, in the same order: a CPU run computes the same bits as before, and a CPU profile counts one operator where a
+// cache write) and a sampler that gives the token's log-prob from the same reads of the logits: each is one operator
+// of the dispatcher (torch.ops.qwen.*) and one kernel on CUDA (model/fused_ops_cuda.cu, where the build has a CUDA
+// compiler and LibTorch's CUDA). Everywhere else, and on CUDA inputs the kernels do not take (mixed dtypes), the
+// operator runs a composite of ATen calls: for the first three the unfused path's calls in their order (a CPU run
+// computes the same bits as before), for the sampler the formula it names. A CPU profile counts one operator where a
 // GPU launches one kernel. No autograd: the model calls them only while generating (a cache, no gradients).
 //
 // Shapes: R = rows, H = hidden, I = MLP width, N = query heads, KV = key/value heads, D = head dimension,
-// S = cache slots, C = positions per slot.
+// S = cache slots, C = positions per slot, V = vocabulary.
 #pragma once
 
 #include <torch/types.h>
@@ -41,6 +42,17 @@ torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
                              const torch::Tensor& key_cache, const torch::Tensor& value_cache,
                              const torch::Tensor& rows, const torch::Tensor& positions, int64_t heads,
                              int64_t kv_heads);
+
+// One token per row and its log-probability, from the logits in one kernel (two reads of each row): x = logits / T
+// in float32, read in the logits' dtype (no cast of the [R, V] logits); token = argmax(x) where `uniforms` is undefined
+// (greedy), else the inverse of the row's float32 CDF of softmax(x) at uniforms[r] (the first token whose cumulative
+// sum exceeds uniforms[r] x the row's total); logprob = log_softmax(x)[token]. A token of probability 0 (a -inf logit)
+// is never drawn when every uniform is at most 1 - 2^-23 (then u x total < total in float32). The composite sums the
+// CDF with cumsum, the kernel in per-thread chunks: they agree but for a uniform within float32 rounding of a bound.
+// logits [R, V] (float32, bfloat16 or float16); uniforms [R] float32 in [0, 1 - 2^-23] -> {token [R] int64,
+// logprob [R] float32}.
+std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logits, const torch::Tensor& uniforms,
+                                                      double temperature);
 
 // Whether the CUDA kernels were built into this program (else CUDA inputs run the composites).
 bool cuda_kernels_built();

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "qwen_gsm8k/model/fused_kernels.hpp"
@@ -102,6 +103,136 @@ __global__ void rope_and_cache_kernel(const T* qkv, const T* cos, const T* signe
   }
 }
 
+constexpr int kSampleThreads = 1024;
+
+// A thread's or a block's view of a row: the online softmax's running max and its sum of exp(x - max), and the
+// argmax (the first index of the largest value).
+struct RowSummary {
+  float max = -INFINITY, sum = 0;
+  float best = -INFINITY;
+  int64_t best_index = INT64_MAX;
+
+  __device__ void add(float value, int64_t index) {
+    if (value > best || (value == best && index < best_index)) {
+      best = value;
+      best_index = index;
+    }
+    if (value == -INFINITY) return;  // probability 0
+    if (value > max) {
+      sum = sum * expf(max - value) + 1.0f;
+      max = value;
+    } else {
+      sum += expf(value - max);
+    }
+  }
+  __device__ void merge(const RowSummary& other) {
+    if (other.best > best || (other.best == best && other.best_index < best_index)) {
+      best = other.best;
+      best_index = other.best_index;
+    }
+    if (other.max == -INFINITY) return;
+    if (max == -INFINITY) {
+      max = other.max;
+      sum = other.sum;
+    } else if (other.max > max) {
+      sum = sum * expf(max - other.max) + other.sum;
+      max = other.max;
+    } else {
+      sum += other.sum * expf(other.max - max);
+    }
+  }
+  __device__ RowSummary shuffled(int offset) const {
+    RowSummary other;
+    other.max = __shfl_xor_sync(0xffffffffu, max, offset);
+    other.sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+    other.best = __shfl_xor_sync(0xffffffffu, best, offset);
+    other.best_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+    return other;
+  }
+};
+
+// The whole block's summary, returned to every thread.
+__device__ RowSummary block_summary(RowSummary mine) {
+  __shared__ RowSummary partial[kSampleThreads / 32];
+  __shared__ RowSummary total;
+  for (int offset = 16; offset > 0; offset /= 2) mine.merge(mine.shuffled(offset));
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  if (lane == 0) partial[warp] = mine;
+  __syncthreads();
+  if (warp == 0) {
+    mine = lane < static_cast<int>(blockDim.x) / 32 ? partial[lane] : RowSummary();
+    for (int offset = 16; offset > 0; offset /= 2) mine.merge(mine.shuffled(offset));
+    if (lane == 0) total = mine;
+  }
+  __syncthreads();
+  return total;
+}
+
+// One block per row. The first read: max, sum and argmax of x = logits / T (online softmax). Greedy: the argmax.
+// Sampling, the second read: each thread sums exp(x - max) over its own contiguous chunk; thread 0 lays the chunks'
+// sums end to end in order (prefix[t], one float chain, so the chunks' intervals [prefix[t], prefix[t + 1]) tile
+// [0, total) with no gap or overlap); target = u x total, below total for u <= 1 - 2^-23; the one thread whose
+// interval holds the target walks its chunk to the first token whose running sum exceeds it (else, where its own
+// rounding fell short, its chunk's last token of positive probability). The log-prob: x[token] - max - log(sum).
+template <typename T>
+__global__ void sample_tokens_kernel(const T* logits, const float* uniforms, int64_t vocab, float temperature,
+                                     int64_t* token, float* logprob) {
+  __shared__ float chunk_sums[kSampleThreads];
+  __shared__ float prefix[kSampleThreads + 1];
+  __shared__ int64_t chosen;
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * vocab;
+  const bool scale = temperature != 1.0f;
+  const auto value = [&](int64_t i) {
+    const float v = static_cast<float>(x[i]);
+    return scale ? v / temperature : v;
+  };
+  RowSummary mine;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mine.add(value(i), i);
+  const RowSummary all = block_summary(mine);
+  int64_t picked = all.best_index;
+  if (uniforms != nullptr) {
+    const int64_t threads = blockDim.x, chunk = (vocab + threads - 1) / threads;
+    const int64_t begin = min(vocab, static_cast<int64_t>(threadIdx.x) * chunk), end = min(vocab, begin + chunk);
+    float own = 0;
+    for (int64_t i = begin; i < end; ++i) own += expf(value(i) - all.max);
+    chunk_sums[threadIdx.x] = own;
+    if (threadIdx.x == 0) chosen = -1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float running = 0;
+      for (int64_t t = 0; t < threads; ++t) {
+        prefix[t] = running;
+        running += chunk_sums[t];
+      }
+      prefix[threads] = running;
+    }
+    __syncthreads();
+    const float target = uniforms[row] * prefix[threads];
+    if (prefix[threadIdx.x] <= target && target < prefix[threadIdx.x + 1]) {
+      float running = prefix[threadIdx.x];
+      int64_t found = -1, last_positive = -1;
+      for (int64_t i = begin; i < end; ++i) {
+        const float p = expf(value(i) - all.max);
+        if (p > 0) last_positive = i;
+        running += p;
+        if (target < running) {
+          found = i;
+          break;
+        }
+      }
+      chosen = found >= 0 ? found : last_positive;
+    }
+    __syncthreads();
+    if (chosen >= 0) picked = chosen;  // else a row with no finite total (NaN logits): its argmax
+  }
+  if (picked < 0 || picked >= vocab) picked = vocab - 1;  // a row of NaNs only
+  if (threadIdx.x == 0) {
+    token[row] = picked;
+    logprob[row] = value(picked) - all.max - logf(all.sum);
+  }
+}
+
 unsigned blocks_for(int64_t elements) {
   const int64_t wanted = (elements + kThreads - 1) / kThreads;
   return static_cast<unsigned>(wanted < 65535 ? (wanted > 0 ? wanted : 1) : 65535);
@@ -148,6 +279,21 @@ void rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const to
         qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), signed_sin.data_ptr<scalar_t>(),
         key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(), rows.data_ptr<int64_t>(),
         positions.data_ptr<int64_t>(), query.data_ptr<scalar_t>(), heads, kv_heads, key_cache.size(3), layout);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void sample_tokens(const torch::Tensor& logits, const torch::Tensor& uniforms, double temperature,
+                   const torch::Tensor& token, const torch::Tensor& logprob) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (rows == 0) return;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(logits.device().index());
+  const float* draws = uniforms.defined() ? uniforms.data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "qwen::sample_tokens", [&] {
+    sample_tokens_kernel<scalar_t><<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(
+        logits.data_ptr<scalar_t>(), draws, vocab, static_cast<float>(temperature), token.data_ptr<int64_t>(),
+        logprob.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -18,6 +18,8 @@ struct SamplingOptions {
   double repetition_penalty = 1.0;  // > 1 discourages every token seen (HF: divide positive, multiply negative); 1: off
 
   bool greedy() const { return temperature == 0.0; }
+  // Whether a processor other than the temperature changes the logits (then the draw reads processed scores).
+  bool filtered() const { return repetition_penalty != 1.0 || top_k > 0 || top_p < 1.0; }
   void validate() const;  // throws std::invalid_argument naming the option
   bool operator==(const SamplingOptions&) const = default;
 };
