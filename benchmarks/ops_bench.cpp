@@ -39,8 +39,8 @@ namespace {
 
 // Counts operator calls on every thread while an instance lives: all of them and those at depth 0 (not called from
 // inside another counted op on the same thread), with each operator's count by name; and the casts a CUDA run
-// launches: aten::_to_copy calls outside aten::_fused_rms_norm (one kernel on CUDA, computing in float32 in registers;
-// a composite that casts on the CPU).
+// launches: aten::_to_copy calls outside aten::_fused_rms_norm and the driver's fused operators (qwen::*, one kernel
+// each on CUDA where the build has their kernels, computing in float32 in registers; composites that cast on the CPU).
 class OpCounter {
  public:
   struct Counts {
@@ -88,7 +88,7 @@ class OpCounter {
     }
     const bool top = depth()++ == 0;
     const std::string_view name = call.name();
-    if (name == "aten::_fused_rms_norm") ++fused_depth();
+    if (one_kernel_on_cuda(name)) ++fused_depth();
     const std::lock_guard<std::mutex> lock(mutex());
     ++counts().all;
     if (top) ++counts().top_level;
@@ -100,7 +100,10 @@ class OpCounter {
   static void end(const at::RecordFunction& call, at::ObserverContext* /*context*/) {
     if (call.scope() == at::RecordScope::USER_SCOPE) return;
     --depth();
-    if (std::string_view(call.name()) == "aten::_fused_rms_norm") --fused_depth();
+    if (one_kernel_on_cuda(call.name())) --fused_depth();
+  }
+  static bool one_kernel_on_cuda(std::string_view name) {
+    return name == "aten::_fused_rms_norm" || name.substr(0, 6) == "qwen::";
   }
   static int& depth() {
     thread_local int value = 0;
