@@ -5,13 +5,13 @@
 // serving benchmark: one batch of prompts, all in slots at once. --decoding sample draws at temperature 1 (seed 0).
 // The engine runs with eager decode steps and, on CUDA, with each step a CUDA-graph replay (captures included: graphs
 // live for one engine run, as in a rollout round), and the graphs' tokens are compared with the eager ones. Beside it,
-// qwen::generate, the second decode loop (a host read per token), timed the same way.
+// qwen::generate (the engine in one call: the engine made, its graphs captured, its run), timed the same way.
 // --model DIR loads a Hugging Face model directory instead of a shape's random weights, and --prompts FILE takes the
 // prompts from {"prompts": [[ids]]}: benchmarks/anchors_generate.py runs it so beside transformers' generate() on the
 // same weights and prompts, and compares the tokens (the JSON record holds them).
 //
-// Before timing it checks that, with the same weights in float32 on the same device, cached decoding yields the tokens
-// that recomputing the prefix every step yields (2 prompts x 16 tokens, 8 new tokens).
+// Before timing it checks that, with the same weights in float32 on the same device, the engine yields the tokens that
+// the reference decoder (the prefix recomputed every step) yields (2 prompts x 16 tokens, 8 new tokens).
 //
 // Usage: generate_bench [--shape qwen2.5-1.5b|qwen2.5-0.5b|small|demo] [--device cpu|cuda[:N]]
 //                       [--dtype float32|bfloat16] [--batch B] [--prompt P] [--new-tokens N] [--repeats R]
@@ -39,7 +39,7 @@
 
 #include "qwen_gsm8k/cli/runtime.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
-#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/device.hpp"
 #include "support/flags.hpp"
@@ -149,12 +149,11 @@ std::vector<std::vector<int64_t>> random_prompts(int64_t count, int64_t length, 
   return prompts;
 }
 
-qwen::GenerationOptions greedy(int64_t new_tokens, bool use_cache, bool sample = false) {
+qwen::GenerationOptions greedy(int64_t new_tokens, bool sample = false) {
   qwen::GenerationOptions options;
   options.max_new_tokens = new_tokens;
   options.sampling.temperature = sample ? 1.0 : 0.0;  // 0: greedy; 1 without top-k / top-p: the full distribution
   options.stop_ids.clear();                           // EOS ignored: every row runs to new_tokens
-  options.use_cache = use_cache;
   return options;
 }
 
@@ -172,8 +171,8 @@ struct CheckResult {
 CheckResult check_cached_equals_recomputed(qwen::Qwen2ForCausalLM& model, torch::Device device) {
   CheckResult check;
   const auto prompts = random_prompts(check.prompts, check.prompt_tokens, model->config().vocab_size, kCheckSeed);
-  const qwen::GenerationOutput cached = qwen::generate(model, prompts, greedy(check.new_tokens, true));
-  const qwen::GenerationOutput recomputed = qwen::generate(model, prompts, greedy(check.new_tokens, false));
+  const qwen::GenerationOutput cached = qwen::generate(model, prompts, greedy(check.new_tokens));
+  const qwen::GenerationOutput recomputed = qwen::reference_generate(model, prompts, greedy(check.new_tokens));
   const torch::Tensor cached_tokens = cached.tokens.cpu(), recomputed_tokens = recomputed.tokens.cpu();  // [2, 8]
   check.identical_fraction = cached_tokens.eq(recomputed_tokens).to(torch::kFloat64).mean().item<double>();
   torch::NoGradGuard no_grad;
@@ -226,7 +225,7 @@ std::vector<std::vector<int64_t>> timed_prompts(qwen::Qwen2ForCausalLM& model, c
 Timings time_generate(qwen::Qwen2ForCausalLM& model, const Args& args) {
   const auto prompts = timed_prompts(model, args);
   const bool sample = args.decoding == "sample";
-  const auto full = greedy(args.new_tokens, true, sample), first = greedy(1, true, sample);
+  const auto full = greedy(args.new_tokens, sample), first = greedy(1, sample);
   qwen::GenerationOutput out;
   out = qwen::generate(model, prompts, full);  // warm-up, and a look at the result
   if (out.tokens.size(0) != args.batch || out.tokens.size(1) != args.new_tokens ||
@@ -393,7 +392,7 @@ int run(const Args& args) {
   }
   // The headline: the engine as the trainer runs it here (graphs on CUDA, eager elsewhere).
   const nlohmann::json& headline = engine_graphs ? engine_record["cuda_graphs"] : engine_record["eager"];
-  const nlohmann::json generate_loop{
+  const nlohmann::json generate_call{
       {"tokens_per_second", useful_tokens / (generate_ms / 1e3)},
       {"decode_ms_per_step", dapo::bench::median(timings.decode_ms_per_step)},
       {"prefill_ms", dapo::bench::median(timings.prefill_ms)},
@@ -432,9 +431,9 @@ int run(const Args& args) {
                 static_cast<long long>(engine_graphs->stats.decode_calls),
                 100 * engine_record["cuda_graphs"]["rows_identical_to_eager"].get<double>());
   }
-  row("generate() loop: tokens/s", 1, generate_loop["tokens_per_second"].get<double>());
-  row("generate() loop: decode ms/step", 3, generate_loop["decode_ms_per_step"].get<double>());
-  std::printf("%-48s %s\n", "generate() loop: peak device memory",
+  row("generate() call: tokens/s", 1, generate_call["tokens_per_second"].get<double>());
+  row("generate() call: decode ms/step", 3, generate_call["decode_ms_per_step"].get<double>());
+  std::printf("%-48s %s\n", "generate() call: peak device memory",
               dapo::bench::peak_memory_text(peak, args.device).c_str());
   // The backend scaled_dot_product_attention takes for the layers' calls on this device (-1: the eager products):
   // the training forward's causal call (rows of the prompt + new tokens), a decode step's and a prefill's.
@@ -487,7 +486,7 @@ int run(const Args& args) {
                         {"peak_device_reserved_bytes", headline["peak_device_reserved_bytes"]},
                         {"attention_backends", backends},
                         {"engine", engine_record},
-                        {"generate_loop", generate_loop}};
+                        {"generate_call", generate_call}};
   std::vector<std::vector<int64_t>> tokens(static_cast<std::size_t>(timings.tokens.size(0)));
   for (int64_t b = 0; b < timings.tokens.size(0); ++b) {
     const torch::Tensor row = timings.tokens[b].contiguous();

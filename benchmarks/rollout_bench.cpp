@@ -1,5 +1,6 @@
 // Rollouts the old way and the engine's way, on a GSM8K-like long tail of response lengths: the static batch
-// (qwen::generate, every prompt repeated n times, finished rows computed until the longest ends), the engine with
+// (every prompt repeated n times, finished rows computed until the longest ends: one static batch of the engine with
+// every request's budget the longest length), the engine with
 // static batches, and the engine's continuous batching, each with one prefill per sequence or per prompt; then
 // dynamic sampling, sequential rounds of static batches (the trainer before the engine) against the engine's streaming
 // as the trainer runs it (qwen::GroupStream: admission control, groups decided in prompt order, the run stopped when
@@ -10,9 +11,9 @@
 //
 // Reported per mode: decode calls (model forwards of one token per row), rows computed (their rows summed), rows
 // computed per useful token, prefill rows and tokens, finished-flag checks (host synchronisations), the engine's reads
-// of device data by the host and copies to the device (model/host_door.hpp; generate() does not count its own, "-"),
-// useful tokens/s, and the peak of tensor memory (the tracking allocator). Every mode's sequences have the same
-// lengths; the tokens of the engine's greedy run are checked against qwen::generate's before timing.
+// of device data by the host and copies to the device (model/host_door.hpp), useful tokens/s, and the peak of tensor
+// memory (the tracking allocator). Every mode's sequences have the same lengths; the tokens of the engine's greedy run
+// are checked against the reference decoder's before timing.
 //
 // Usage: rollout_bench [--shape small|demo|...] [--prompts P] [--n N] [--max-new-tokens T] [--prompt-tokens L]
 //                      [--median-fraction F] [--sigma S] [--max-num-seqs S] [--check-every K] [--keep-rates a,b,c]
@@ -121,41 +122,33 @@ class Bench {
   Bench(qwen::Qwen2ForCausalLM& model, const Args& args, dapo::bench::TrackingAllocator& memory)
       : model_(model), args_(args), memory_(memory) {}
 
-  // The static path (qwen::generate, the trainer's rollouts before the engine): the groups' prompts repeated n times in
-  // one batch, decoded until the longest length (random weights never stop; a finished row would run on as padding).
+  // The static path (the trainer's rollouts before the engine): the groups' prompts repeated n times in one batch,
+  // prefilled once per sequence, every row decoded until the longest length ends (random weights never stop; a
+  // finished row of a static batch runs on as padding), run as one static batch of the engine.
   Result static_batch(const Workload& work, int64_t first, int64_t count, const std::string& mode) {
-    std::vector<std::vector<int64_t>> prompts;
-    int64_t longest = 0, useful = 0, prompt_tokens = 0;
+    std::vector<qwen::EngineRequest> requests;
+    int64_t longest = 0, useful = 0;
     for (int64_t g = first; g < first + count; ++g) {
-      for (int64_t i = 0; i < args_.n; ++i) {
-        const int64_t length = work.lengths[static_cast<std::size_t>(g)];
-        prompts.push_back(work.prompts[static_cast<std::size_t>(g)]);
-        prompt_tokens += static_cast<int64_t>(prompts.back().size());
-        longest = std::max(longest, length);
-        useful += length;
-      }
+      const int64_t length = work.lengths[static_cast<std::size_t>(g)];
+      longest = std::max(longest, length);
+      useful += args_.n * length;
     }
-    qwen::GenerationOptions options;
-    options.max_new_tokens = longest;
-    options.sampling.temperature = 1.0;
-    options.seed = 1;
+    for (int64_t g = first; g < first + count; ++g) {
+      requests.push_back({.prompt = work.prompts[static_cast<std::size_t>(g)],
+                          .n = args_.n,
+                          .seed = static_cast<uint64_t>(g),
+                          .max_tokens = longest});
+    }
+    const qwen::EngineOptions options =
+        engine_options(/*max_prompt=*/0, count * args_.n, /*shared=*/false, /*continuous=*/false);
     Result result;
     result.mode = mode;
     memory_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
-    const auto out = qwen::generate(model_, prompts, options);
+    qwen::generate_requests(model_, requests, options, &result.stats);
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     result.peak_bytes = memory_.peak_bytes();
-    const auto rows = static_cast<int64_t>(prompts.size());
-    result.stats.decode_calls = longest - 1;
-    result.stats.rows_computed = rows * (longest - 1);
-    result.stats.prefill_calls = 1;
-    result.stats.prefill_rows = rows;
-    result.stats.prefill_tokens = prompt_tokens;
-    result.stats.checks = longest;                            // generate() reads the finished flags every step
-    result.stats.host_reads = result.stats.host_copies = -1;  // not counted by the door
-    result.stats.useful_tokens = useful;
-    result.stats.sequences = rows;
+    result.stats.useful_tokens = useful;  // the rows' own lengths, not the longest
     result.groups_generated = count;
     result.rounds = 1;
     return result;
@@ -222,8 +215,8 @@ class Bench {
       s.prefill_rows += part.stats.prefill_rows;
       s.prefill_tokens += part.stats.prefill_tokens;
       s.checks += part.stats.checks;
-      s.host_reads = part.stats.host_reads;  // static_batch: generate(), not counted
-      s.host_copies = part.stats.host_copies;
+      s.host_reads += part.stats.host_reads;
+      s.host_copies += part.stats.host_copies;
       s.useful_tokens += part.stats.useful_tokens;
       total.seconds += part.seconds;
       total.peak_bytes = std::max(total.peak_bytes, part.peak_bytes);
@@ -245,7 +238,7 @@ class Bench {
   dapo::bench::TrackingAllocator& memory_;
 };
 
-// Greedy tokens of the engine (a pool of 3, shared prefill, checks every 4 steps) against qwen::generate's.
+// Greedy tokens of the engine (a pool of 3, shared prefill, checks every 4 steps) against the reference decoder's.
 void check_engine_against_generate(qwen::Qwen2ForCausalLM& model) {
   const std::vector<std::vector<int64_t>> prompts{{11, 12, 13, 14}, {21, 22}, {31, 32, 33}};
   qwen::GenerationOptions generation;
@@ -257,7 +250,7 @@ void check_engine_against_generate(qwen::Qwen2ForCausalLM& model) {
     repeated.insert(repeated.end(), 2, prompt);
     requests.push_back({.prompt = prompt, .n = 2});
   }
-  const auto reference = qwen::generate(model, repeated, generation);
+  const auto reference = qwen::reference_generate(model, repeated, generation);
   qwen::EngineOptions options;
   options.max_num_seqs = 3;
   options.max_new_tokens = 12;
@@ -268,7 +261,8 @@ void check_engine_against_generate(qwen::Qwen2ForCausalLM& model) {
     const auto& tokens = out[static_cast<std::size_t>(row / 2)][static_cast<std::size_t>(row % 2)].tokens;
     const torch::Tensor expected = reference.tokens[row].contiguous();
     if (!std::equal(tokens.begin(), tokens.end(), expected.data_ptr<int64_t>())) {
-      throw std::runtime_error("the engine's greedy tokens differ from qwen::generate's in row " + std::to_string(row));
+      throw std::runtime_error("the engine's greedy tokens differ from the reference decoder's in row " +
+                               std::to_string(row));
     }
   }
 }
@@ -316,7 +310,7 @@ int run(const Args& args) {
     print(median);
     results.push_back(std::move(median));
   };
-  add([&] { return bench.static_batch(work, 0, args.prompts, "static (generate)"); });
+  add([&] { return bench.static_batch(work, 0, args.prompts, "static (one batch)"); });
   add([&] {
     return bench.engine(work, args.prompts, bench.engine_options(max_prompt, rows, true, false),
                         "static, shared prefill");

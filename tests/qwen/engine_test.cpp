@@ -1,5 +1,5 @@
-// The generation engine (continuous batching over a slot pool): greedy output equal to generate()'s for any pool size,
-// with and without the shared prefill, checked every step or every few; each sequence's draws independent of the
+// The generation engine (continuous batching over a slot pool): greedy output equal to the reference's for any pool
+// size, with and without the shared prefill, checked every step or every few; each sequence's draws independent of the
 // others and of its admission order; stops, the length budget, log-probs, the repetition penalty; the counts it
 // reports (prefill rows divided by n, the rows a check interval can waste); the host's reads and copies through its one
 // door (none inside a decode step); a sink that stops the run; bad requests. The scheduler alone, with no model:
@@ -38,7 +38,8 @@ std::vector<qwen::EngineRequest> requests(int64_t n) {
   return out;
 }
 
-// generate()'s greedy rows: the prompt of each request repeated n times.
+// The reference decoder's greedy rows (no cache, the whole prefix recomputed): the prompt of each request repeated n
+// times.
 qwen::GenerationOutput greedy_reference(qwen::Qwen2ForCausalLM& model, const std::vector<qwen::EngineRequest>& reqs,
                                         const qwen::EngineOptions& options) {
   std::vector<std::vector<int64_t>> prompts;
@@ -50,7 +51,7 @@ qwen::GenerationOutput greedy_reference(qwen::Qwen2ForCausalLM& model, const std
   generation.stop_ids = options.stop_ids;
   generation.sampling = options.sampling;
   generation.return_logprobs = true;
-  return qwen::generate(model, prompts, generation);
+  return qwen::reference_generate(model, prompts, generation);
 }
 
 // A GraphRecorder on the CPU: "captures" the step function and calls it at each replay, as a CUDA graph reruns its
@@ -76,7 +77,7 @@ std::vector<int64_t> row_of(const torch::Tensor& tokens, int64_t row, int64_t le
 
 }  // namespace
 
-TEST_CASE("engine: greedy sequences are generate()'s for every pool size, prefill sharing and check interval") {
+TEST_CASE("engine: greedy sequences are the reference's for every pool size, prefill sharing and check interval") {
   for (const char* name : {"tiny-tied-f32", "tiny-untied-f32-sharded", "tiny-tied-bf16"}) {
     const auto dir = dapo::test::qwen_fixture(name);
     if (!dir) return;
@@ -159,7 +160,7 @@ TEST_CASE("engine: a sequence's draws are its own (seed, sample), whatever the o
         qwen::generate_requests(model, reqs, options)[2][1].tokens);
 }
 
-TEST_CASE("engine: sampled log-probs are log softmax(logits / T) of the drawn tokens, as generate()'s") {
+TEST_CASE("engine: sampled log-probs are log softmax(logits / T) of the drawn tokens") {
   const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
   if (!dir) return;
   auto model = qwen::load_model(*dir);
@@ -188,7 +189,7 @@ TEST_CASE("engine: sampled log-probs are log softmax(logits / T) of the drawn to
   }
 }
 
-TEST_CASE("engine: the repetition penalty sees each sequence's own tokens (generate()'s when no prompt is padded)") {
+TEST_CASE("engine: the repetition penalty sees each sequence's own tokens (the reference's when no prompt is padded)") {
   const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
   if (!dir) return;
   auto model = qwen::load_model(*dir);

@@ -12,10 +12,10 @@
 #include <string>
 
 #include "qwen_gsm8k/engine/engine.hpp"
+#include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/fused_linear.hpp"
 #include "qwen_gsm8k/model/fused_ops.hpp"
-#include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/tiny_model.hpp"

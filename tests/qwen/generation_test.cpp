@@ -1,9 +1,10 @@
-// Sampling with Hugging Face's processor semantics, and generation: seeds, stops, truncation, returned log-probs, and
-// what it allocates (a tracking CPU allocator): no prompt x vocabulary logits, the KV cache in autocast's dtype.
+// Sampling with Hugging Face's processor semantics, and generate() (the engine in one call): seeds, stops, truncation,
+// returned log-probs, and what it allocates (a tracking CPU allocator): no prompt x vocabulary logits, the slot pool in
+// autocast's dtype.
 #include <torch/torch.h>
 
+#include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
-#include "qwen_gsm8k/model/generation.hpp"
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
@@ -123,13 +124,14 @@ TEST_CASE("generation: the prefill runs the lm-head on the last prompt position 
   CHECK(tracker.largest_allocation() >= 2 * prompt_logits_bytes);
 }
 
-TEST_CASE("generation: under autocast the KV cache holds autocast's dtype, not the float32 master weights'") {
+TEST_CASE("generation: under autocast the slot pool holds autocast's dtype, not the float32 master weights'") {
   torch::manual_seed(0);
-  // Sizes chosen so that a cache buffer's byte count is unlike any other tensor's here: [B, KV, S, D] = [3, 2, 17, 14].
+  // Sizes chosen so that a pool buffer's byte count is unlike any other tensor's here: [slots, KV, capacity, D] =
+  // [3, 2, 17, 14].
   qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(97, 56, 4, 2, 2));
   const std::vector<std::vector<int64_t>> prompts{{5, 6, 7, 8, 9, 10, 11, 12}, {13, 14}, {15, 16, 17}};
   qwen::GenerationOptions options;
-  options.max_new_tokens = 9;  // S = 8 + 9
+  options.max_new_tokens = 9;  // capacity = 8 + 9
   options.sampling = {.temperature = 0.0};
   const int64_t elements = 3 * 2 * 17 * 14, buffers = 2 * 2;  // keys and values of 2 layers
   {

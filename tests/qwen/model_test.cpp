@@ -5,7 +5,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "support/qwen_fixtures.hpp"
 #include "support/tensors.hpp"
@@ -124,10 +124,13 @@ GoldenErrors compare_with_golden(const std::filesystem::path& dir, torch::Device
   qwen::GenerationOptions options;
   options.max_new_tokens = golden.greedy.at("new_tokens");
   options.sampling.temperature = 0.0;
+  // The engine (generate()) and the reference decoder (no cache).
+  const auto decode = [&](const std::vector<std::vector<int64_t>>& batch, bool use_cache) {
+    return use_cache ? qwen::generate(model, batch, options) : qwen::reference_generate(model, batch, options);
+  };
   for (const bool use_cache : {true, false}) {
     CAPTURE(use_cache);
-    options.use_cache = use_cache;
-    const auto batched = qwen::generate(model, prompts, options);
+    const auto batched = decode(prompts, use_cache);
     const torch::Tensor tokens = batched.tokens.cpu();
     for (std::size_t b = 0; b < prompts.size(); ++b) {
       const auto row = tokens[static_cast<int64_t>(b)];
@@ -144,7 +147,7 @@ GoldenErrors compare_with_golden(const std::filesystem::path& dir, torch::Device
       // One prompt alone: its products have other shapes than the batch's, which BLAS may sum in another order, so
       // the two continuations are the same up to the first step whose top two logits are a near-tie (checked on the
       // batch's own prefix, without the cache); from there on, either continuation is right.
-      const auto alone = qwen::generate(model, {prompts[b]}, options);
+      const auto alone = decode({prompts[b]}, use_cache);
       const torch::Tensor alone_row = alone.tokens[0].cpu();
       if (!torch::equal(alone_row, row)) {
         const int64_t first = (alone_row != row).nonzero()[0][0].item<int64_t>();

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/safetensors.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/text/chat.hpp"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/engine/engine.hpp"
-#include "qwen_gsm8k/model/generation.hpp"
+#include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "transformers/references.hpp"
 
@@ -43,10 +43,10 @@ TEST_CASE("greedy generate() of a left-padded batch with EOS and pad ids: transf
     options.stop_ids = {eos};
     options.pad_id = pad;
     options.sampling.temperature = 0.0;
-    for (const bool use_cache : {true, false}) {
+    for (const bool use_cache : {true, false}) {  // the engine (generate()), and the reference decoder (no cache)
       CAPTURE(use_cache);
-      options.use_cache = use_cache;
-      const auto output = qwen::generate(model, prompts, options);
+      const auto output =
+          use_cache ? qwen::generate(model, prompts, options) : qwen::reference_generate(model, prompts, options);
       for (std::size_t b = 0; b < prompts.size(); ++b) {
         CAPTURE(b);
         const auto& theirs = expected[b];

@@ -1,6 +1,6 @@
 // Our sampler against transformers' logits processors (repetition penalty, temperature, top-k, top-p, in the order
 // generate() applies them; tests/transformers/references.py): the same kept tokens and renormalised probabilities,
-// and draws (generate()'s and the engine's) that follow transformers' probabilities. Shapes: B = rows, V = vocabulary,
+// and draws (the engine's sampler) that follow transformers' probabilities. Shapes: B = rows, V = vocabulary,
 // S = tokens seen, N = draws.
 #include <torch/torch.h>
 
@@ -88,54 +88,48 @@ TEST_CASE("the logits processors keep the tokens transformers keeps, with its pr
   CHECK(ties > 0);
 }
 
-TEST_CASE("our samplers' draws follow transformers' probabilities (chi-square, p = 1e-6) and never a removed token") {
+TEST_CASE("our sampler's draws follow transformers' probabilities (chi-square, p = 1e-6) and never a removed token") {
   const auto cases = read_cases();
   constexpr int64_t kDraws = 20000;
-  // generate()'s sampler (torch::multinomial from one generator) and the engine's (fused::sample_tokens: the inverse
-  // of the float32 CDF at each draw's uniform, here one sequence's stream of SplitMix64 uniforms).
-  for (const bool engine : {false, true}) {
-    CAPTURE(engine);
-    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU).clone();
-    generator.set_current_seed(20261202);
-    torch::Tensor uniforms = torch::empty({kDraws}, torch::kFloat32);
-    const uint64_t seed = qwen::sequence_seed(20261202, 0);
-    float* u = uniforms.data_ptr<float>();
-    for (int64_t t = 0; t < kDraws; ++t) u[t] = qwen::sequence_uniform(seed, t);
-    int64_t tested = 0;
-    for (const auto& c : cases) {
-      if (c.kept[0].size() < 2) continue;  // one kept token: nothing to draw
-      CAPTURE(c.name);
-      const torch::Tensor scores = qwen::process_logits(c.logits, c.seen, c.options);
-      // Row 0 of the case N times: N independent draws from one distribution.
-      const torch::Tensor rows = scores.narrow(0, 0, 1).expand({kDraws, scores.size(1)}).contiguous();
-      const torch::Tensor draws = engine ? qwen::fused::sample_tokens(rows, uniforms, 1.0).first
-                                         : qwen::select_tokens(rows, c.options, generator);
-      const torch::Tensor counts = torch::bincount(draws, {}, scores.size(1)).to(torch::kFloat64);
-      const torch::Tensor expected = c.probs[0] * kDraws;
-      // Tokens transformers removed are never drawn.
-      CHECK(counts.masked_select(c.probs[0] == 0).sum().item<double>() == 0);
-      // Bins: every token expected at least 5 times, the rest of the kept tokens pooled into one.
-      const torch::Tensor large = expected >= 5;
-      double statistic = 0;
-      int64_t bins = 0;
-      const auto add_bin = [&](double observed, double mean) {
-        statistic += (observed - mean) * (observed - mean) / mean;
-        ++bins;
-      };
-      const torch::Tensor observed_large = counts.masked_select(large), expected_large = expected.masked_select(large);
-      for (int64_t i = 0; i < observed_large.numel(); ++i) {
-        add_bin(observed_large[i].item<double>(), expected_large[i].item<double>());
-      }
-      const torch::Tensor small = ~large & (c.probs[0] > 0);
-      const double pooled_mean = expected.masked_select(small).sum().item<double>();
-      if (pooled_mean >= 5) add_bin(counts.masked_select(small).sum().item<double>(), pooled_mean);
-      if (bins < 2) continue;
-      CAPTURE(bins);
-      CAPTURE(statistic);
-      CHECK(statistic < chi_square_limit(bins - 1));
-      ++tested;
+  // The engine's sampler (fused::sample_tokens: the inverse of the float32 CDF at each draw's uniform) at one
+  // sequence's stream of SplitMix64 uniforms, as the engine draws.
+  torch::Tensor uniforms = torch::empty({kDraws}, torch::kFloat32);
+  const uint64_t seed = qwen::sequence_seed(20261202, 0);
+  float* u = uniforms.data_ptr<float>();
+  for (int64_t t = 0; t < kDraws; ++t) u[t] = qwen::sequence_uniform(seed, t);
+  int64_t tested = 0;
+  for (const auto& c : cases) {
+    if (c.kept[0].size() < 2) continue;  // one kept token: nothing to draw
+    CAPTURE(c.name);
+    const torch::Tensor scores = qwen::process_logits(c.logits, c.seen, c.options);
+    // Row 0 of the case N times: N independent draws from one distribution.
+    const torch::Tensor rows = scores.narrow(0, 0, 1).expand({kDraws, scores.size(1)}).contiguous();
+    const torch::Tensor draws = qwen::fused::sample_tokens(rows, uniforms, 1.0).first;
+    const torch::Tensor counts = torch::bincount(draws, {}, scores.size(1)).to(torch::kFloat64);
+    const torch::Tensor expected = c.probs[0] * kDraws;
+    // Tokens transformers removed are never drawn.
+    CHECK(counts.masked_select(c.probs[0] == 0).sum().item<double>() == 0);
+    // Bins: every token expected at least 5 times, the rest of the kept tokens pooled into one.
+    const torch::Tensor large = expected >= 5;
+    double statistic = 0;
+    int64_t bins = 0;
+    const auto add_bin = [&](double observed, double mean) {
+      statistic += (observed - mean) * (observed - mean) / mean;
+      ++bins;
+    };
+    const torch::Tensor observed_large = counts.masked_select(large), expected_large = expected.masked_select(large);
+    for (int64_t i = 0; i < observed_large.numel(); ++i) {
+      add_bin(observed_large[i].item<double>(), expected_large[i].item<double>());
     }
-    MESSAGE(tested << " distributions drawn " << kDraws << " times each by " << (engine ? "the engine" : "generate()"));
-    CHECK(tested >= 10);
+    const torch::Tensor small = ~large & (c.probs[0] > 0);
+    const double pooled_mean = expected.masked_select(small).sum().item<double>();
+    if (pooled_mean >= 5) add_bin(counts.masked_select(small).sum().item<double>(), pooled_mean);
+    if (bins < 2) continue;
+    CAPTURE(bins);
+    CAPTURE(statistic);
+    CHECK(statistic < chi_square_limit(bins - 1));
+    ++tested;
   }
+  MESSAGE(tested << " distributions drawn " << kDraws << " times each");
+  CHECK(tested >= 10);
 }

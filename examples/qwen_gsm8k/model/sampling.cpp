@@ -48,9 +48,4 @@ torch::Tensor process_logits(const torch::Tensor& logits, const torch::Tensor& s
   return scores;
 }
 
-torch::Tensor select_tokens(const torch::Tensor& scores, const SamplingOptions& options, at::Generator& generator) {
-  if (options.greedy()) return scores.argmax(-1);
-  return torch::multinomial(scores.softmax(-1), 1, /*replacement=*/false, generator).squeeze(1);
-}
-
 }  // namespace qwen

@@ -1,5 +1,5 @@
 // Next-token selection with Hugging Face's logits-processor semantics, applied in Hugging Face's order: repetition
-// penalty, temperature, top-k, top-p; then a draw (or argmax when greedy). Not a beam search.
+// penalty, temperature, top-k, top-p (the draw: fused::sample_tokens, model/fused_ops.hpp). Not a beam search.
 //
 // Shapes: B = batch, V = vocabulary, S = tokens seen so far (prompt, padding included, and generated).
 #pragma once
@@ -28,8 +28,5 @@ struct SamplingOptions {
 // As in Hugging Face, the repetition penalty also sees padding tokens.
 torch::Tensor process_logits(const torch::Tensor& logits, const torch::Tensor& seen_tokens,
                              const SamplingOptions& options);
-
-// Draws one token per row from softmax(scores) with `generator` ([B] int64), or takes the argmax when greedy.
-torch::Tensor select_tokens(const torch::Tensor& scores, const SamplingOptions& options, at::Generator& generator);
 
 }  // namespace qwen
