@@ -36,6 +36,7 @@ report=$work/headline/report.md
 for stage in generate train profile; do expect "$report" "| stages | $stage | ok" "the headline's $stage stage ends"; done
 expect "$report" "engine, eager steps: decode ms per step" "the engine's decode ms per step"
 expect "$report" "engine, eager steps: fraction of the bandwidth bound" "the engine's fraction of the bound"
+expect "$report" "generate() (the engine in one call" "generate()'s row"
 expect "$report" "memory bandwidth, GB/s: a copy measured here" "the bandwidth measured by a copy"
 expect "$report" "step 2: seconds (rollout + update)" "the trainer's steps, through qwen_gsm8k train"
 expect "$report" "decode steps, admissions, checks, graph captures, replays" "the engine's counts per step"
