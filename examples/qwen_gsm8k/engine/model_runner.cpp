@@ -189,8 +189,9 @@ void ModelRunner::draw_first_tokens(const Admission& admission, const std::vecto
     uniforms_.index_copy_(0, slots, uniforms);
   }
   if (seen.defined()) seen = host_door::to_device(seen, device_);
+  // The first uniforms as one contiguous column: what the sampler's CUDA kernel takes.
   const auto [token, logprob] = draw(logits, seen.defined() ? seen.narrow(1, 0, admission.longest_prompt) : seen,
-                                     uniforms.defined() ? uniforms.select(1, 0) : uniforms);
+                                     uniforms.defined() ? uniforms.select(1, 0).contiguous() : uniforms);
   positions = host_door::to_device(positions, device_);
   if (seen.defined()) {
     seen.scatter_(1, positions.unsqueeze(1), token.unsqueeze(1));

@@ -106,11 +106,14 @@ __global__ void rope_and_cache_kernel(const T* qkv, const T* cos, const T* signe
 constexpr int kSampleThreads = 1024;
 
 // A thread's or a block's view of a row: the online softmax's running max and its sum of exp(x - max), and the
-// argmax (the first index of the largest value).
+// argmax (the first index of the largest value). A plain aggregate (no constructor), so that it can live in shared
+// memory; empty() is the view of no element.
 struct RowSummary {
-  float max = -INFINITY, sum = 0;
-  float best = -INFINITY;
-  int64_t best_index = INT64_MAX;
+  float max, sum;
+  float best;
+  int64_t best_index;
+
+  __device__ static RowSummary empty() { return {-INFINITY, 0.0f, -INFINITY, INT64_MAX}; }
 
   __device__ void add(float value, int64_t index) {
     if (value > best || (value == best && index < best_index)) {
@@ -142,7 +145,7 @@ struct RowSummary {
     }
   }
   __device__ RowSummary shuffled(int offset) const {
-    RowSummary other;
+    RowSummary other = empty();
     other.max = __shfl_xor_sync(0xffffffffu, max, offset);
     other.sum = __shfl_xor_sync(0xffffffffu, sum, offset);
     other.best = __shfl_xor_sync(0xffffffffu, best, offset);
@@ -160,7 +163,7 @@ __device__ RowSummary block_summary(RowSummary mine) {
   if (lane == 0) partial[warp] = mine;
   __syncthreads();
   if (warp == 0) {
-    mine = lane < static_cast<int>(blockDim.x) / 32 ? partial[lane] : RowSummary();
+    mine = lane < static_cast<int>(blockDim.x) / 32 ? partial[lane] : RowSummary::empty();
     for (int offset = 16; offset > 0; offset /= 2) mine.merge(mine.shuffled(offset));
     if (lane == 0) total = mine;
   }
@@ -175,8 +178,9 @@ __device__ RowSummary block_summary(RowSummary mine) {
 // interval holds the target walks its chunk to the first token whose running sum exceeds it (else, where its own
 // rounding fell short, its chunk's last token of positive probability). The log-prob: x[token] - max - log(sum).
 template <typename T>
-__global__ void sample_tokens_kernel(const T* logits, const float* uniforms, int64_t vocab, float temperature,
-                                     int64_t* token, float* logprob) {
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_tokens_kernel(const T* logits, const float* uniforms, int64_t vocab, float temperature, int64_t* token,
+                         float* logprob) {
   __shared__ float chunk_sums[kSampleThreads];
   __shared__ float prefix[kSampleThreads + 1];
   __shared__ int64_t chosen;
@@ -187,7 +191,7 @@ __global__ void sample_tokens_kernel(const T* logits, const float* uniforms, int
     const float v = static_cast<float>(x[i]);
     return scale ? v / temperature : v;
   };
-  RowSummary mine;
+  RowSummary mine = RowSummary::empty();
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mine.add(value(i), i);
   const RowSummary all = block_summary(mine);
   int64_t picked = all.best_index;
