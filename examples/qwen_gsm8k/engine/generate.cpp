@@ -7,6 +7,16 @@
 
 namespace qwen {
 
+EngineOptions engine_options(const GenerationOptions& options, int64_t max_num_seqs) {
+  EngineOptions engine;
+  engine.max_num_seqs = max_num_seqs;
+  engine.max_new_tokens = options.max_new_tokens;
+  engine.stop_ids = options.stop_ids;
+  engine.sampling = options.sampling;
+  engine.return_logprobs = options.return_logprobs;
+  return engine;
+}
+
 GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                           const GenerationOptions& options, EngineStats* stats) {
   check_generation(model, prompts, options);
@@ -16,13 +26,7 @@ GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector
     requests.push_back(
         {.prompt = prompts[static_cast<std::size_t>(b)], .n = 1, .seed = sequence_seed(options.seed, b)});
   }
-  EngineOptions engine;
-  engine.max_num_seqs = batch;
-  engine.max_new_tokens = options.max_new_tokens;
-  engine.stop_ids = options.stop_ids;
-  engine.sampling = options.sampling;
-  engine.return_logprobs = options.return_logprobs;
-  const auto sequences = generate_requests(model, requests, engine, stats);
+  const auto sequences = generate_requests(model, requests, engine_options(options, batch), stats);
 
   const int64_t width = options.max_new_tokens;
   GenerationOutput out;

@@ -13,6 +13,10 @@
 
 namespace qwen {
 
+// The engine's options for generating as `options` say (length, stop ids, sampling, log-probs) with `max_num_seqs`
+// slots; the rest the engine's defaults.
+EngineOptions engine_options(const GenerationOptions& options, int64_t max_num_seqs);
+
 // Throws std::invalid_argument as check_generation says. `stats`: the engine's counts of the run.
 GenerationOutput generate(Qwen2ForCausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                           const GenerationOptions& options, EngineStats* stats = nullptr);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "qwen_gsm8k/common/seed.hpp"
+#include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/text/chat.hpp"
 
 namespace qwen {
@@ -32,13 +33,9 @@ void RolloutStats::add(const EngineStats& engine) {
 }
 
 EngineOptions rollout_engine_options(const RolloutOptions& options, int64_t rows, int64_t max_prompt_tokens) {
-  EngineOptions engine;
-  engine.max_num_seqs = options.max_batch_rows > 0 ? std::min(options.max_batch_rows, rows) : rows;
+  EngineOptions engine =
+      engine_options(options.generation, options.max_batch_rows > 0 ? std::min(options.max_batch_rows, rows) : rows);
   engine.max_prompt_tokens = max_prompt_tokens;
-  engine.max_new_tokens = options.generation.max_new_tokens;
-  engine.stop_ids = options.generation.stop_ids;
-  engine.sampling = options.generation.sampling;
-  engine.return_logprobs = options.generation.return_logprobs;
   engine.check_every = options.check_every;
   engine.cuda_graphs = options.cuda_graphs;
   return engine;
