@@ -139,8 +139,9 @@ def train_rows(add, metrics, plan):
         add(label, f"step {step}: decode steps, admissions, checks, graph captures, replays",
             f'{row.get("perf/decode_calls")}, {row.get("perf/prefill_calls")}, {row.get("perf/engine_checks")}, '
             f'{row.get("perf/graph_captures")}, {row.get("perf/graph_replays")}')
-        add(label, f"step {step}: the rollout's host reads, host-to-device copies",
-            f'{row.get("perf/host_reads", "—")}, {row.get("perf/host_copies", "—")}')
+        add(label, f"step {step}: the rollout's host reads (waits), fetches, host-to-device copies",
+            f'{row.get("perf/host_reads", "—")}, {row.get("perf/host_fetches", "—")}, '
+            f'{row.get("perf/host_copies", "—")}')
         add(label, f"step {step}: rollout tokens/s, update tokens/s",
             f'{number(row.get("perf/rollout_tokens_per_second"))}, {number(row.get("perf/update_tokens_per_second"))}')
         add(label, f"step {step}: peak memory allocated / reserved, GiB",

@@ -11,7 +11,8 @@
 //
 // Reported per mode: decode calls (model forwards of one token per row), rows computed (their rows summed), rows
 // computed per useful token, prefill rows and tokens, finished-flag checks (host synchronisations), the engine's reads
-// of device data by the host and copies to the device (model/host_door.hpp), useful tokens/s, and the peak of tensor
+// of device data by the host (waits, and fetches taken a step later) and copies to the device (model/host_door.hpp),
+// useful tokens/s, and the peak of tensor
 // memory (the tracking allocator). Every mode's sequences have the same lengths; the tokens of the engine's greedy run
 // are checked against the reference decoder's before timing.
 //
@@ -96,6 +97,7 @@ nlohmann::json to_json(const Result& r) {
           {"prefill_tokens", s.prefill_tokens},
           {"checks", s.checks},
           {"host_reads", s.host_reads},
+          {"host_fetches", s.host_fetches},
           {"host_copies", s.host_copies},
           {"dropped_sequences", s.dropped},
           {"groups_generated", r.groups_generated},
@@ -108,12 +110,13 @@ nlohmann::json to_json(const Result& r) {
 void print(const Result& r) {
   const auto& s = r.stats;
   const auto counted = [](int64_t value) { return value < 0 ? std::string("-") : std::to_string(value); };
-  std::printf("  %-28s %7lld %9lld %6.2f %6lld %8lld %6lld %6s %6s %8.2f %9.1f %8.1f\n", r.mode.c_str(),
+  std::printf("  %-28s %7lld %9lld %6.2f %6lld %8lld %6lld %6s %7s %6s %8.2f %9.1f %8.1f\n", r.mode.c_str(),
               static_cast<long long>(s.decode_calls), static_cast<long long>(s.rows_computed),
               static_cast<double>(s.rows_computed) / static_cast<double>(s.useful_tokens),
               static_cast<long long>(s.prefill_rows), static_cast<long long>(s.prefill_tokens),
-              static_cast<long long>(s.checks), counted(s.host_reads).c_str(), counted(s.host_copies).c_str(),
-              r.seconds, static_cast<double>(s.useful_tokens) / r.seconds, static_cast<double>(r.peak_bytes) / 1e6);
+              static_cast<long long>(s.checks), counted(s.host_reads).c_str(), counted(s.host_fetches).c_str(),
+              counted(s.host_copies).c_str(), r.seconds, static_cast<double>(s.useful_tokens) / r.seconds,
+              static_cast<double>(r.peak_bytes) / 1e6);
   std::fflush(stdout);  // a line as each mode ends: the slow modes of a large shape take minutes
 }
 
@@ -216,6 +219,7 @@ class Bench {
       s.prefill_tokens += part.stats.prefill_tokens;
       s.checks += part.stats.checks;
       s.host_reads += part.stats.host_reads;
+      s.host_fetches += part.stats.host_fetches;
       s.host_copies += part.stats.host_copies;
       s.useful_tokens += part.stats.useful_tokens;
       total.seconds += part.seconds;
@@ -297,8 +301,8 @@ int run(const Args& args) {
       static_cast<long long>(args.max_new_tokens), static_cast<long long>(args.prompt_tokens / 2),
       static_cast<long long>(args.prompt_tokens), args.median_fraction * static_cast<double>(args.max_new_tokens),
       args.sigma, static_cast<long long>(slots), static_cast<long long>(args.check_every), args.threads);
-  std::printf("  %-28s %7s %9s %6s %6s %8s %6s %6s %6s %8s %9s %8s\n", "mode", "decodes", "rows", "rows/t", "pf-rows",
-              "pf-toks", "checks", "reads", "copies", "seconds", "tokens/s", "peak MB");
+  std::printf("  %-28s %7s %9s %6s %6s %8s %6s %6s %7s %6s %8s %9s %8s\n", "mode", "decodes", "rows", "rows/t",
+              "pf-rows", "pf-toks", "checks", "reads", "fetches", "copies", "seconds", "tokens/s", "peak MB");
   std::vector<Result> results;
   // Runs of a second or two vary by 2x between runs on a shared machine: each mode runs `repeats` times (the counts
   // are the same every time) and the run of median time stands for it.

@@ -436,7 +436,7 @@ TEST_CASE("engine: under bfloat16 autocast over float32 weights it computes as t
   CHECK(changed);
 }
 
-TEST_CASE("engine: the host's door: no read or copy inside a decode step, one read per check, copies at admission") {
+TEST_CASE("engine: the host's door: no read or copy inside a decode step, one read per check, outputs fetched") {
   const auto dir = dapo::test::qwen_fixture("tiny-tied-f32");
   if (!dir) return;
   auto model = qwen::load_model(*dir, torch::kFloat32);
@@ -480,8 +480,31 @@ TEST_CASE("engine: the host's door: no read or copy inside a decode step, one re
     CHECK(decoded.copies == admitted.copies);
     const std::vector<int64_t> flags = runner.finished_flags(scheduler.rows());
     CHECK(flags.size() == 4);
-    CHECK(qwen::host_door::counts().reads == decoded.reads + 1);  // the check's one read
+    const qwen::host_door::Counts checked = qwen::host_door::counts();
+    CHECK(checked.reads == decoded.reads + 1);  // the check's one read
+    // The finished rows' outputs: one copy (their rows' indices), two fetches (tokens, log-probs), no wait.
+    qwen::ModelRunner::Outputs outputs = runner.fetch_outputs({0, 2});
+    const qwen::host_door::Counts fetched = qwen::host_door::counts();
+    CHECK(fetched.reads == checked.reads);
+    CHECK(fetched.fetches == checked.fetches + 2);
+    CHECK(fetched.copies == checked.copies + 1);
+    const torch::Tensor tokens = outputs.tokens.get(), logprobs = outputs.logprobs.get();
+    CHECK(tokens.sizes() == torch::IntArrayRef{2, 12});
+    CHECK(logprobs.sizes() == torch::IntArrayRef{2, 12});
+    CHECK(qwen::host_door::counts().reads == checked.reads);  // taking them reads nothing more
   }
+  // A whole run: one wait per check, its flags; every finished row's outputs fetched.
+  qwen::EngineOptions options;
+  options.max_num_seqs = 3;
+  options.max_prompt_tokens = 5;
+  options.max_new_tokens = 12;
+  options.return_logprobs = true;
+  qwen::EngineStats stats;
+  qwen::generate_requests(model, requests(2), options, &stats);  // 5 prompts x 2 samples in 3 slots
+  CHECK(stats.sequences == 10);
+  CHECK(stats.host_reads == stats.checks);
+  CHECK(stats.host_fetches >= 2);
+  CHECK(stats.host_fetches <= 2 * stats.checks);
 }
 
 TEST_CASE("engine: a sink that says stop ends the run and counts the sequences in flight as dropped") {

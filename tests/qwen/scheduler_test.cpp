@@ -1,6 +1,6 @@
 // The engine's scheduler with no model: a fake device that mirrors each slot's decode state, where sequence
 // (request, sample) emits its stop token as its length(request, sample)-th token, drives it through the engine's loop
-// (admit; decode until a check is due; hand over what finished; compact).
+// (admit; decode until a check is due; release what finished and compact; one more step; hand over; admit).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -28,6 +28,7 @@ struct Trace {
   std::vector<qwen::Admission> admissions;   // the non-empty ones (their `source` pointers are stale afterwards)
   std::vector<qwen::StepShape> steps;
   int64_t checks = 0, stopped_after = -1;
+  std::vector<int64_t> steps_at_hand_over, steps_at_admission;  // decode steps run before each
   qwen::EngineStats stats;
 };
 
@@ -56,35 +57,55 @@ struct FakeRun {
         slots[static_cast<std::size_t>(placed.slot)] = {placed.request, placed.sample, 1, stop == 1 ? 0 : -1};
       }
       trace.admissions.push_back(admission);
+      trace.steps_at_admission.push_back(static_cast<int64_t>(trace.steps.size()));
+    };
+    const auto step = [&] {
+      const qwen::StepShape shape = scheduler.next_step();
+      for (int64_t r = 0; r < shape.live; ++r) {  // the padding rows' results are read by nobody
+        Slot& slot = slots[static_cast<std::size_t>(r)];
+        ++slot.generated;
+        if (slot.finished_at < 0 && slot.generated == length(slot.request, slot.sample)) {
+          slot.finished_at = slot.generated - 1;
+        }
+      }
+      scheduler.stepped(shape);
+      trace.steps.push_back(shape);
     };
     admit();
+    int64_t since_check = 0;
     while (!scheduler.idle()) {
-      for (int64_t since = 0; since < check_every && !scheduler.at_budget(); ++since) {
-        const qwen::StepShape shape = scheduler.next_step();
-        for (int64_t r = 0; r < shape.live; ++r) {  // the padding rows' results are read by nobody
-          Slot& slot = slots[static_cast<std::size_t>(r)];
-          ++slot.generated;
-          if (slot.finished_at < 0 && slot.generated == length(slot.request, slot.sample)) {
-            slot.finished_at = slot.generated - 1;
-          }
-        }
-        scheduler.stepped(shape);
-        trace.steps.push_back(shape);
-      }
+      for (; since_check < check_every && !scheduler.at_budget(); ++since_check) step();
       ++trace.checks;
       std::vector<int64_t> flags;
       for (int64_t r = 0; r < scheduler.rows(); ++r) flags.push_back(slots[static_cast<std::size_t>(r)].finished_at);
-      bool stop = false;
-      for (const qwen::Finished& done : scheduler.finished(flags)) {
-        const qwen::Sequence& row = scheduler.row(done.row);
-        const Slot& slot = slots[static_cast<std::size_t>(done.row)];
+      const std::vector<qwen::Finished> done = scheduler.finished(flags);
+      for (const qwen::Finished& d : done) {
+        const qwen::Sequence& row = scheduler.row(d.row);
+        const Slot& slot = slots[static_cast<std::size_t>(d.row)];
         CHECK(slot.request == row.request);  // the scheduler's row is the device's slot
         CHECK(slot.sample == row.sample);
-        qwen::EngineSequence sequence{.request = row.request, .sample = row.sample, .finish_reason = done.reason};
-        sequence.tokens.assign(static_cast<std::size_t>(done.length), 7);
-        scheduler.hand_over(done);
-        trace.handed.push_back(sequence);
-        if (!keep_going(sequence)) {
+      }
+      const std::vector<qwen::Released> released = scheduler.release(done);
+      REQUIRE(released.size() == done.size());
+      const qwen::Compaction moves = scheduler.compact();
+      for (std::size_t i = 0; i < moves.to.size(); ++i) {
+        CHECK(moves.to[i] < moves.from[i]);  // live rows move down into freed slots
+        slots[static_cast<std::size_t>(moves.to[i])] = slots[static_cast<std::size_t>(moves.from[i])];
+      }
+      since_check = 0;
+      if (!released.empty() && scheduler.step_before_hand_over()) {  // the released outputs' copy runs under it
+        step();
+        since_check = 1;
+      }
+      bool stop = false;
+      for (const qwen::Released& sequence : released) {
+        qwen::EngineSequence handed{
+            .request = sequence.request, .sample = sequence.sample, .finish_reason = sequence.reason};
+        handed.tokens.assign(static_cast<std::size_t>(sequence.length), 7);
+        scheduler.hand_over(sequence);
+        trace.handed.push_back(handed);
+        trace.steps_at_hand_over.push_back(static_cast<int64_t>(trace.steps.size()));
+        if (!keep_going(handed)) {
           scheduler.stopped();
           trace.stopped_after = static_cast<int64_t>(trace.handed.size());
           stop = true;
@@ -92,11 +113,6 @@ struct FakeRun {
         }
       }
       if (stop) break;
-      const qwen::Compaction moves = scheduler.compact();
-      for (std::size_t i = 0; i < moves.to.size(); ++i) {
-        CHECK(moves.to[i] < moves.from[i]);  // live rows move down into freed slots
-        slots[static_cast<std::size_t>(moves.to[i])] = slots[static_cast<std::size_t>(moves.from[i])];
-      }
       admit();
     }
     return trace;
@@ -185,6 +201,34 @@ TEST_CASE("scheduler: a request's max_tokens ends its sequences with \"length\" 
   CHECK(trace.handed[0].finish_reason == qwen::FinishReason::kLength);
   CHECK(trace.checks == 2);
   CHECK(trace.stats.rows_computed == 8);
+}
+
+TEST_CASE("scheduler: a check's finished sequences reach the sink after one more step of the rows left") {
+  // Two slots, a check every 4 steps; request 0 stops at its 2nd token, request 1 at its 10th, request 2 at its 3rd.
+  FakeRun run{.options = options_of(2), .requests = make_requests(3, 1)};
+  const std::vector<int64_t> lengths = {2, 10, 3};
+  run.length = [&lengths](int64_t request, int64_t) { return lengths[static_cast<std::size_t>(request)]; };
+  const Trace trace = run.run();
+  REQUIRE(trace.handed.size() == 3);
+  CHECK(trace.handed[0].request == 0);
+  // The first check (after 4 steps) releases request 0; one step of request 1 alone runs while its outputs come back;
+  // then it is handed over and request 2 admitted into the freed slot.
+  REQUIRE(trace.steps.size() > 4);
+  CHECK(trace.steps[3].live == 2);
+  CHECK(trace.steps[4].live == 1);
+  CHECK(trace.steps_at_hand_over[0] == 5);
+  REQUIRE(trace.steps_at_admission.size() == 2);
+  CHECK(trace.steps_at_admission[1] == 5);
+  CHECK(trace.admissions[1].placed.front().request == 2);
+  CHECK(trace.steps[5].live == 2);
+  // That step counts towards the next check, four steps after the first: request 2 (3 tokens) is released there.
+  CHECK(trace.checks >= 2);
+  CHECK(trace.handed[1].request == 2);
+  CHECK(trace.steps_at_hand_over[1] == 9);
+  // The last check releases every row left: nothing to step, handed over at once.
+  CHECK(trace.steps_at_hand_over[2] == static_cast<int64_t>(trace.steps.size()));
+  CHECK(trace.steps.size() == 12);
+  CHECK(trace.stats.rows_computed == 4 * 2 + 1 + 3 * 2 + 1 + 3 * 1);
 }
 
 TEST_CASE("scheduler: one prefill per request; a half-admitted request's is kept for its later samples, then let go") {

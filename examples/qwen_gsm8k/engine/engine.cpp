@@ -1,6 +1,7 @@
 // The engine's loop, as nano-vllm's llm_engine: the scheduler decides (scheduler.hpp), the model runner does it on the
-// device (model_runner.hpp). Admit (prefill, fork, first token), decode all live slots until a check is due, hand over
-// what finished, compact the pool, admit again.
+// device (model_runner.hpp). Admit (prefill, fork, first token), decode all live slots until a check is due; at the
+// check, read the finished flags (the one wait), queue the finished rows' outputs for the host and compact the pool;
+// decode one step while those outputs come back, hand them over, admit again.
 #include "qwen_gsm8k/engine/engine.hpp"
 
 #include <ATen/record_function.h>
@@ -58,15 +59,23 @@ class Run {
     const AutocastOff autocast_off(runner_.device(), runner_.has_compute_copy());
     const int64_t captures = runner_.graph_captures(), replays = runner_.graph_replays();
     admit();
+    int64_t since_check = 0;  // decode steps
     while (!scheduler_.idle()) {
-      for (int64_t since = 0; since < options_.check_every && !scheduler_.at_budget(); ++since) decode();
-      if (!check()) break;
+      for (; since_check < options_.check_every && !scheduler_.at_budget(); ++since_check) decode();
+      Handover handover = check();
+      since_check = 0;
+      if (!handover.released.empty() && scheduler_.step_before_hand_over()) {
+        decode();
+        since_check = 1;
+      }
+      if (!hand_over(handover)) break;
       admit();
     }
     runner_.end();
     stats_.graph_captures = runner_.graph_captures() - captures;
     stats_.graph_replays = runner_.graph_replays() - replays;
     stats_.host_reads = host_door::counts().reads - start.reads;
+    stats_.host_fetches = host_door::counts().fetches - start.fetches;
     stats_.host_copies = host_door::counts().copies - start.copies;
     return stats_;
   }
@@ -86,32 +95,47 @@ class Run {
     scheduler_.stepped(shape);
   }
 
-  // Reads the finished flags, hands the finished sequences over in (request, sample) order, frees their slots.
-  // False when the sink stopped the run.
-  bool check() {
+  struct Handover {  // the sequences a check released, in (request, sample) order, and their outputs' fetch
+    std::vector<Released> released;
+    ModelRunner::Outputs outputs;
+  };
+
+  // Reads the finished flags (the check's one wait), queues the finished rows' tokens and log-probs for the host,
+  // releases those rows and compacts the pool (after the gather, in the device's order).
+  Handover check() {
     RECORD_USER_SCOPE(kCheckScope);
     const std::vector<Finished> done = scheduler_.finished(runner_.finished_flags(scheduler_.rows()));
+    Handover handover;
     if (!done.empty()) {
       std::vector<int64_t> rows;
       for (const Finished& d : done) rows.push_back(d.row);
-      const auto [tokens, logprobs] = runner_.outputs(rows);
-      for (std::size_t i = 0; i < done.size(); ++i) {
-        const Sequence& row = scheduler_.row(done[i].row);
-        EngineSequence sequence{.request = row.request, .sample = row.sample, .finish_reason = done[i].reason};
-        const int64_t* ids = tokens[static_cast<int64_t>(i)].data_ptr<int64_t>();
-        sequence.tokens.assign(ids, ids + done[i].length);
-        if (logprobs.defined()) {
-          const float* values = logprobs[static_cast<int64_t>(i)].data_ptr<float>();
-          sequence.logprobs.assign(values, values + done[i].length);
-        }
-        scheduler_.hand_over(done[i]);
-        if (!sink_(std::move(sequence))) {
-          scheduler_.stopped();
-          return false;
-        }
-      }
+      handover.outputs = runner_.fetch_outputs(rows);
+      handover.released = scheduler_.release(done);
     }
     runner_.move(scheduler_.compact());
+    return handover;
+  }
+
+  // Gives the released sequences to the sink in order, their outputs taken from the host when their copy has run.
+  // False when the sink stopped the run.
+  bool hand_over(Handover& handover) {
+    if (handover.released.empty()) return true;
+    const torch::Tensor tokens = handover.outputs.tokens.get(), logprobs = handover.outputs.logprobs.get();
+    for (std::size_t i = 0; i < handover.released.size(); ++i) {
+      const Released& done = handover.released[i];
+      EngineSequence sequence{.request = done.request, .sample = done.sample, .finish_reason = done.reason};
+      const int64_t* ids = tokens[static_cast<int64_t>(i)].data_ptr<int64_t>();
+      sequence.tokens.assign(ids, ids + done.length);
+      if (logprobs.defined()) {
+        const float* values = logprobs[static_cast<int64_t>(i)].data_ptr<float>();
+        sequence.logprobs.assign(values, values + done.length);
+      }
+      scheduler_.hand_over(done);
+      if (!sink_(std::move(sequence))) {
+        scheduler_.stopped();
+        return false;
+      }
+    }
     return true;
   }
 

@@ -281,11 +281,12 @@ std::vector<int64_t> ModelRunner::finished_flags(int64_t rows) const {
   return {values, values + rows};
 }
 
-std::pair<torch::Tensor, torch::Tensor> ModelRunner::outputs(const std::vector<int64_t>& rows) const {
+ModelRunner::Outputs ModelRunner::fetch_outputs(const std::vector<int64_t>& rows) const {
   const torch::Tensor index = host_door::to_device(rows, device_);
-  const torch::Tensor tokens = host_door::read(tokens_.index_select(0, index));
-  const torch::Tensor logprobs = logprobs_.defined() ? host_door::read(logprobs_.index_select(0, index)) : logprobs_;
-  return {tokens, logprobs};
+  Outputs out;
+  out.tokens = host_door::Fetch(tokens_.index_select(0, index));
+  if (logprobs_.defined()) out.logprobs = host_door::Fetch(logprobs_.index_select(0, index));
+  return out;
 }
 
 void ModelRunner::move(const Compaction& moves) {

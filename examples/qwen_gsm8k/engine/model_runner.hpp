@@ -27,6 +27,7 @@
 #include "qwen_gsm8k/engine/slot_cache.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/compute_copy.hpp"
+#include "qwen_gsm8k/model/host_door.hpp"
 
 namespace qwen {
 
@@ -59,8 +60,12 @@ class ModelRunner {
   void decode(const StepShape& shape);
   // The check's one host read: finished_at of rows [0, rows) (the index of each row's first stop token, or -1).
   std::vector<int64_t> finished_flags(int64_t rows) const;
-  // The generated tokens [done, N] and log-probs (undefined unless return_logprobs) of these rows, on the host.
-  std::pair<torch::Tensor, torch::Tensor> outputs(const std::vector<int64_t>& rows) const;
+  // The generated tokens [done, N] and log-probs (none unless return_logprobs) of these rows, on their way to the
+  // host: gathered and queued now, before anything queued later (a compaction, the next step) changes those rows.
+  struct Outputs {
+    host_door::Fetch tokens, logprobs;
+  };
+  Outputs fetch_outputs(const std::vector<int64_t>& rows) const;
   void move(const Compaction& moves);  // the scheduler's compaction, on the device
 
   int64_t graph_captures() const { return graphs_.captures(); }  // since construction

@@ -49,6 +49,7 @@ struct EngineStats {
   int64_t graph_captures = 0;  // decode-step shapes captured as CUDA graphs
   int64_t graph_replays = 0;   // decode steps run as a graph replay
   int64_t host_reads = 0;      // device -> host reads (model/host_door.hpp): the host's waits for the device on a GPU
+  int64_t host_fetches = 0;    // device -> host copies taken a step later, without a wait for the device's queue
   int64_t host_copies = 0;     // host -> device copies
 };
 

@@ -136,7 +136,7 @@ std::vector<Finished> Scheduler::finished(const std::vector<int64_t>& finished_a
   std::vector<Finished> done;
   for (std::size_t r = 0; r < rows_.size(); ++r) {
     const Sequence& row = rows_[r];
-    if (row.handed_over) continue;
+    if (row.released) continue;
     const int64_t stop = finished_at.at(r) >= 0 ? finished_at[r] + 1 : 0;  // tokens up to the first stop
     if (stop > 0 && stop <= row.budget) {
       done.push_back({static_cast<int64_t>(r), stop, FinishReason::kStop});
@@ -151,29 +151,41 @@ std::vector<Finished> Scheduler::finished(const std::vector<int64_t>& finished_a
   return done;
 }
 
-void Scheduler::hand_over(const Finished& done) {
-  rows_[static_cast<std::size_t>(done.row)].handed_over = true;
+std::vector<Released> Scheduler::release(const std::vector<Finished>& done) {
+  std::vector<Released> released;
+  for (const Finished& d : done) {
+    Sequence& row = rows_.at(static_cast<std::size_t>(d.row));
+    row.released = true;
+    released.push_back({.request = row.request, .sample = row.sample, .length = d.length, .reason = d.reason});
+  }
+  unhanded_ += static_cast<int64_t>(released.size());
+  return released;
+}
+
+void Scheduler::hand_over(const Released& sequence) {
+  --unhanded_;
   ++stats_.sequences;
-  stats_.useful_tokens += done.length;
+  stats_.useful_tokens += sequence.length;
 }
 
 void Scheduler::stopped() {
-  stats_.dropped = std::count_if(rows_.begin(), rows_.end(), [](const Sequence& row) { return !row.handed_over; });
+  stats_.dropped =
+      unhanded_ + std::count_if(rows_.begin(), rows_.end(), [](const Sequence& row) { return !row.released; });
 }
 
 Compaction Scheduler::compact() {
   Compaction moves;
   if (!options_.continuous) {
-    if (std::all_of(rows_.begin(), rows_.end(), [](const Sequence& row) { return row.handed_over; })) rows_.clear();
+    if (std::all_of(rows_.begin(), rows_.end(), [](const Sequence& row) { return row.released; })) rows_.clear();
     return moves;
   }
   const auto rows = static_cast<int64_t>(rows_.size());
   int64_t live = 0;
-  for (const Sequence& row : rows_) live += row.handed_over ? 0 : 1;
+  for (const Sequence& row : rows_) live += row.released ? 0 : 1;
   int64_t above = rows - 1;
   for (int64_t r = 0; r < live; ++r) {
-    if (!rows_[static_cast<std::size_t>(r)].handed_over) continue;
-    while (rows_[static_cast<std::size_t>(above)].handed_over) --above;
+    if (!rows_[static_cast<std::size_t>(r)].released) continue;
+    while (rows_[static_cast<std::size_t>(above)].released) --above;
     moves.to.push_back(r);
     moves.from.push_back(above--);
   }

@@ -1,8 +1,9 @@
 // The generation engine's scheduler, as nano-vllm's scheduler with its sequence's state: which requests take the free
 // slots and which of them need a prefill, the shape of the next decode step, when a check is due, which sequences have
-// finished, and how the live ones are packed back into slots [0, rows). All decided on host facts alone, without a
-// tensor, so that it is tested with a fake step and no model (tests/qwen/scheduler_test.cpp). The model runner
-// (model_runner.hpp) carries each decision out on the device; the loop (engine.cpp) hands one to the other.
+// finished and when they are handed over, and how the live ones are packed back into slots [0, rows). All decided on
+// host facts alone, without a tensor, so that it is tested with a fake step and no model
+// (tests/qwen/scheduler_test.cpp). The model runner (model_runner.hpp) carries each decision out on the device; the
+// loop (engine.cpp) hands one to the other.
 //
 // Shapes: S = slots (max_num_seqs), R = live rows, C = slot capacity (max_prompt_tokens + max_new_tokens).
 #pragma once
@@ -29,9 +30,9 @@ struct SchedulerOptions {
 // One live sequence's host facts: everything the loop decides from without reading the device.
 struct Sequence {
   int64_t request = 0, sample = 0, prompt_length = 0;
-  int64_t generated = 0;     // tokens sampled so far; the last one is fed by the next decode step
-  int64_t budget = 0;        // its request's max_tokens, or max_new_tokens
-  bool handed_over = false;  // static batches: finished and given to the sink, computed until its batch ends
+  int64_t generated = 0;  // tokens sampled so far; the last one is fed by the next decode step
+  int64_t budget = 0;     // its request's max_tokens, or max_new_tokens
+  bool released = false;  // static batches: finished and on its way to the sink, computed until its batch ends
 };
 
 // What one admission decided: new sequences in consecutive slots after the live ones, the prompts to prefill now, and
@@ -67,6 +68,12 @@ struct Finished {
   FinishReason reason = FinishReason::kLength;
 };
 
+// A finished sequence released from its slot, on its way to the sink: its request and sample, its tokens' count, why.
+struct Released {
+  int64_t request = 0, sample = 0, length = 0;
+  FinishReason reason = FinishReason::kLength;
+};
+
 // Slot to[i] takes slot from[i]'s state and positions [0, width) (live rows moved into freed slots below them).
 struct Compaction {
   std::vector<int64_t> to, from;
@@ -93,11 +100,17 @@ class Scheduler {
   void stepped(const StepShape& shape);  // every live row has one more token
 
   // The check: the live rows' finished flags (finished_at[r], the index of row r's first stop token, or -1) read from
-  // the device. The rows that have finished and are not handed over yet, in (request, sample) order.
+  // the device. The rows that have finished and are not released yet, in (request, sample) order.
   std::vector<Finished> finished(const std::vector<int64_t>& finished_at);
   const Sequence& row(int64_t row) const { return rows_[static_cast<std::size_t>(row)]; }
-  void hand_over(const Finished& done);  // given to the sink
-  void stopped();                        // the sink stopped the run: what is not handed over counts as dropped
+  // The check's finished rows leave the pool (compact() frees their slots; static batches compute them until their
+  // batch ends). They reach the sink a step later, through hand_over, when their outputs have come to the host.
+  std::vector<Released> release(const std::vector<Finished>& done);
+  // After a check that released sequences: whether one decode step of the rows left can run before they are handed
+  // over (the copy of their outputs to the host runs under it). None when no row is left or one is at max_new_tokens.
+  bool step_before_hand_over() const { return !idle() && !at_budget(); }
+  void hand_over(const Released& sequence);  // given to the sink
+  void stopped();  // the sink stopped the run: what is live or released and not handed over counts as dropped
   // After a check: with static batches the finished batch is cleared; otherwise the live rows are packed into
   // slots [0, live) and the moves returned for the device to make.
   Compaction compact();
@@ -117,6 +130,7 @@ class Scheduler {
   std::vector<Sequence> rows_;  // the live sequences, row r in slot r
   std::deque<Pending> waiting_;
   bool reset_padding_ = true;  // an admission since the last step: the padding rows' positions are stale
+  int64_t unhanded_ = 0;       // released and not handed over yet
 };
 
 }  // namespace qwen

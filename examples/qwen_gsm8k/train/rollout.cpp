@@ -29,6 +29,7 @@ void RolloutStats::add(const EngineStats& engine) {
   graph_captures += engine.graph_captures;
   graph_replays += engine.graph_replays;
   host_reads += engine.host_reads;
+  host_fetches += engine.host_fetches;
   host_copies += engine.host_copies;
 }
 

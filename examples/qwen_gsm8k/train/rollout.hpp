@@ -60,7 +60,7 @@ struct RolloutStats {
   double seconds = 0.0;
   int64_t decode_calls = 0, rows_computed = 0, prefill_rows = 0, sequences = 0;  // the engine's (EngineStats)
   int64_t prefill_calls = 0, checks = 0, graph_captures = 0, graph_replays = 0;  // the engine's too
-  int64_t host_reads = 0, host_copies = 0;
+  int64_t host_reads = 0, host_fetches = 0, host_copies = 0;
   void add(const EngineStats& engine);
 };
 

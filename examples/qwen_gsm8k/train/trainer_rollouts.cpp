@@ -67,8 +67,10 @@ std::vector<Group> Trainer::collect_groups(nlohmann::json& metrics) {
   metrics["perf/engine_checks"] = stats.checks;
   metrics["perf/graph_captures"] = stats.graph_captures;
   metrics["perf/graph_replays"] = stats.graph_replays;
-  // The rollout's reads of device data by the host and copies to the device (model/host_door.hpp).
+  // The rollout's reads of device data by the host (waits, and fetches taken a step later) and copies to the device
+  // (model/host_door.hpp).
   metrics["perf/host_reads"] = stats.host_reads;
+  metrics["perf/host_fetches"] = stats.host_fetches;
   metrics["perf/host_copies"] = stats.host_copies;
   // Rows of the decode steps plus each sequence's first token (from its prompt's prefill), per generated token: 1
   // when no row is computed in vain; the check interval and static batches add to it.
