@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "qwen_gsm8k/cli/runtime.hpp"
 #include "qwen_gsm8k/model/device_memory.hpp"
+#include "qwen_gsm8k/model/host_door.hpp"
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
@@ -86,11 +88,11 @@ int64_t measure_update_peak(qwen::Qwen2ForCausalLM& model, const Args& args, boo
   loss_mask.narrow(1, args.tokens - 1 - args.response, args.response).fill_(true);
   const qwen::CpuMemoryTracker tracker;  // counts from here: the weights are added by hand
   {
-    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-6));
+    qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-6));
     for (int round = 0; round < 2; ++round) {
       const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast});
       (-logp.sum()).backward();
-      optimizer.step();
+      optimizer.applied(std::isfinite(qwen::host_door::read(optimizer.clip_and_step(1.0)).item<double>()));
       qwen::release_gradients(model->parameters());
     }
   }

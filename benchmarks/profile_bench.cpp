@@ -114,7 +114,7 @@ std::vector<dapo::bench::ProfiledEvent> profile_update(qwen::Qwen2ForCausalLM& m
   options.validate();
   std::vector<torch::Tensor> saved;
   for (const auto& p : model->parameters()) saved.push_back(p.detach().clone());
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
+  qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
   const auto communicator = qwen::Communicator::create({}, args.device);
   qwen::PolicyUpdate update{model, optimizer, *communicator, options};
   const auto run = [&] {

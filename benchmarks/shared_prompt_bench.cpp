@@ -90,7 +90,7 @@ Run run_update(qwen::Qwen2ForCausalLM& model, const std::vector<torch::Tensor>& 
     const auto parameters = model->parameters();
     for (std::size_t i = 0; i < parameters.size(); ++i) parameters[i].copy_(saved[i]);
   }
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
+  qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
   const auto communicator = qwen::Communicator::create({}, device);
   qwen::PolicyUpdate update{model, optimizer, *communicator, options};
   qwen::TrainBatch copy = batch;

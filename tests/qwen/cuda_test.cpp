@@ -27,6 +27,7 @@
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
+#include "qwen_gsm8k/train/optimizer.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
 #include "support/qwen_fixtures.hpp"
@@ -342,6 +343,41 @@ TEST_CASE("CUDA: a kept engine's graphs replay the weights as the optimizer leav
       // The fresh engine ran each shape eagerly once before capturing it (as the eager-versus-graph test compares).
       CHECK(
           torch::allclose(torch::tensor(replayed[r][i].logprobs), torch::tensor(captured[r][i].logprobs), 1e-4, 1e-4));
+    }
+  }
+}
+
+TEST_CASE("CUDA: ClippedAdamW's fused kernels step as the CPU does, and skip a non-finite norm") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the fused optimizer's check is skipped");
+    return;
+  }
+  const auto options = torch::optim::AdamWOptions(1e-2).betas({0.9, 0.99}).weight_decay(0.1);
+  torch::manual_seed(4);
+  const std::vector<int64_t> sizes{151936 * 3, 1536, 1};  // a large parameter, a norm's, a scalar
+  std::vector<torch::Tensor> cpu, gpu;
+  for (const int64_t size : sizes) {
+    cpu.push_back(torch::randn({size}).requires_grad_());
+    gpu.push_back(cpu.back().detach().to(torch::kCUDA).requires_grad_());
+  }
+  qwen::ClippedAdamW on_cpu(cpu, options), on_gpu(gpu, options);
+  for (int step = 0; step < 4; ++step) {
+    CAPTURE(step);
+    const bool poisoned = step == 2;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      cpu[i].mutable_grad() = torch::randn({sizes[i]}) * (step % 2 == 0 ? 0.01 : 1.0);
+      if (poisoned && i == 1) cpu[i].mutable_grad()[5].fill_(std::numeric_limits<float>::quiet_NaN());
+      gpu[i].mutable_grad() = cpu[i].grad().to(torch::kCUDA);
+    }
+    const double cpu_norm = on_cpu.clip_and_step(1.0).item<double>();
+    const double gpu_norm = on_gpu.clip_and_step(1.0).item<double>();
+    on_cpu.applied(std::isfinite(cpu_norm));
+    on_gpu.applied(std::isfinite(gpu_norm));
+    CHECK(std::isfinite(gpu_norm) == !poisoned);
+    if (!poisoned) CHECK(gpu_norm == doctest::Approx(cpu_norm).epsilon(1e-5));
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const double size = std::max(1.0, cpu[i].detach().abs().max().item<double>());
+      CHECK((gpu[i].detach().cpu() - cpu[i].detach()).abs().max().item<double>() <= 1e-5 * size);
     }
   }
 }

@@ -62,7 +62,7 @@ qwen::UpdateMetrics run_update(qwen::Qwen2ForCausalLM& model, qwen::TrainBatch& 
                                const qwen::TrainOptions& options, qwen::Qwen2ForCausalLM* reference = nullptr,
                                int64_t* updates = nullptr) {
   options.validate();
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
   const auto communicator = qwen::Communicator::create({}, torch::kCPU);
   qwen::PolicyUpdate update{model, optimizer, *communicator, options, reference};
   int64_t count = 0;

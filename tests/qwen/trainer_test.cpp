@@ -391,7 +391,7 @@ TEST_CASE("a non-finite gradient skips its update: weights and AdamW state untou
     qwen::Qwen2ForCausalLM model(config);
     std::vector<torch::Tensor> before;
     for (const auto& parameter : model->parameters()) before.push_back(parameter.detach().clone());
-    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
+    qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
     const auto communicator = qwen::Communicator::create({}, torch::kCPU);
     qwen::TrainBatch batch{qwen::pad_rows(rows, 0), advantages, {}, 2, 2};
     qwen::PolicyUpdate update{model, optimizer, *communicator, options};
@@ -457,7 +457,7 @@ TEST_CASE("the first update's forward gives its mini-batch's old log-probs: bitw
     }
   }
 
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
+  qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.lr));
   qwen::PolicyUpdate update{model, optimizer, *communicator, options};
   int64_t updates = 0;
   const qwen::UpdateMetrics metrics = update.run(batch, updates);

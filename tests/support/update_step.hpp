@@ -32,8 +32,8 @@ inline UpdateResult run_update_step(const qwen::TrainOptions& options, qwen::Tra
   qwen::initialize_weights(model, 0.2);
   std::vector<torch::Tensor> before;
   for (const auto& parameter : model->parameters()) before.push_back(parameter.detach().clone());
-  torch::optim::AdamW optimizer(model->parameters(),
-                                torch::optim::AdamWOptions(1e4).betas({0.0, 0.0}).eps(1e4).weight_decay(0.0));
+  qwen::ClippedAdamW optimizer(model->parameters(),
+                               torch::optim::AdamWOptions(1e4).betas({0.0, 0.0}).eps(1e4).weight_decay(0.0));
   const auto communicator = qwen::Communicator::create({}, torch::kCPU);
   qwen::PolicyUpdate update{model, optimizer, *communicator, options, reference};
   UpdateResult result;

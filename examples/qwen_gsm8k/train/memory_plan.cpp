@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "qwen_gsm8k/train/optimizer.hpp"
+
 namespace qwen {
 namespace {
 
@@ -156,10 +158,12 @@ MemoryPlan plan_memory(const MemoryPlanInput& input) {
     plan.phases.push_back(phase("update: tied embedding gradient",
                                 {{"gradients", gradients}, {"embedding gradient parts", 2 * V * H * wb}}));
   }
-  // AdamW's step, parameter by parameter: its denominator sqrt(v) / sqrt(1 - beta2^t) + eps takes two temporaries of
-  // the parameter's size (LibTorch's AdamW), the largest parameter's being the embedding's.
-  plan.phases.push_back(
-      phase("optimizer step", {{"gradients", gradients}, {"AdamW work (largest parameter)", 2 * V * H * wb}}));
+  // AdamW's step (train/optimizer.hpp). ATen's fused kernel (LibTorch 2.4 and later) updates in place. Parameter by
+  // parameter (1.13), the denominator sqrt(v) / sqrt(1 - beta2^t) + eps takes two temporaries of the parameter's size,
+  // the largest parameter's being the embedding's.
+  std::vector<MemoryItem> step{{"gradients", gradients}};
+  if (!ClippedAdamW::fused()) step.push_back({"AdamW work (largest parameter)", 2 * V * H * wb});
+  plan.phases.push_back(phase("optimizer step", step));
 
   plan.rollout_rows = rows;
   plan.longest_row = T;

@@ -94,9 +94,9 @@ Trainer::Trainer(Qwen2ForCausalLM model, Tokenizer tokenizer, std::vector<Proble
   model_->model->set_gradient_checkpointing(options_.gradient_checkpointing);
   // After the broadcast: rank 0's weights.
   if (options_.extras.kl_loss_coef > 0.0) reference_ = reference_policy(model_, options_.autocast);
-  optimizer_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(options_.lr)
-                                                                               .betas({options_.beta1, options_.beta2})
-                                                                               .weight_decay(options_.weight_decay));
+  optimizer_ = std::make_unique<ClippedAdamW>(model_->parameters(), torch::optim::AdamWOptions(options_.lr)
+                                                                        .betas({options_.beta1, options_.beta2})
+                                                                        .weight_decay(options_.weight_decay));
   if (!options_.output_dir.empty()) std::filesystem::create_directories(options_.output_dir);
   std::vector<torch::Tensor> held = model_->parameters();
   for (const auto& buffer : model_->buffers()) held.push_back(buffer);

@@ -27,6 +27,7 @@
 #include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/model.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
+#include "qwen_gsm8k/train/optimizer.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
 #include "qwen_gsm8k/train/step_metrics.hpp"
 #include "qwen_gsm8k/train/train_options.hpp"
@@ -134,7 +135,7 @@ class Trainer {
   TrainOptions options_;
   RolloutOptions rollout_options_;
   ProblemSampler sampler_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<ClippedAdamW> optimizer_;
   int64_t step_ = 0, updates_ = 0;
   std::vector<nlohmann::json> metrics_, evals_;
   std::shared_ptr<Communicator> communicator_;

@@ -57,15 +57,15 @@ std::string read_checkpoint_file(const std::filesystem::path& path) {
 
 // The optimizer state of `archive_path` loaded into a new AdamW over `parameters` with `defaults` (the trainer's
 // optimizer is replaced only once everything else has loaded too).
-std::unique_ptr<torch::optim::AdamW> load_optimizer(const std::filesystem::path& archive_path,
-                                                    const std::vector<torch::Tensor>& parameters,
-                                                    const torch::optim::AdamWOptions& defaults) {
+std::unique_ptr<ClippedAdamW> load_optimizer(const std::filesystem::path& archive_path,
+                                             const std::vector<torch::Tensor>& parameters,
+                                             const torch::optim::AdamWOptions& defaults) {
   // LibTorch 1.13 does not check the archive's CRCs: overwritten bytes would load as garbage moments.
   if (const auto problem = zip_archive_problem(archive_path)) {
     throw std::runtime_error(archive_path.string() + ": cannot be read (" + *problem +
                              "); damaged checkpoint? resume from an earlier one");
   }
-  auto optimizer = std::make_unique<torch::optim::AdamW>(parameters, defaults);
+  auto optimizer = std::make_unique<ClippedAdamW>(parameters, defaults);
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(archive_path.string());

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "qwen_gsm8k/model/host_door.hpp"
+
 namespace qwen {
 
 // This rank's parts of the step's sums, all-reduced at the end.
@@ -301,9 +303,13 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   const bool kl_loss = options.extras.kl_loss_coef > 0.0, entropy_term = options.extras.entropy_coeff != 0.0;
   const dapo::KlPenalty penalty = dapo::parse_kl_penalty(options.extras.kl_loss_type);
   release_gradients(model->parameters());  // none left by the last update; any a caller left start nothing
-  double loss = 0, clipped = 0, kl_sum = 0;
-  std::vector<double> dual_clipped,
-      kl;  // per micro-batch, added to the step's sums (in order) if the update is applied
+  // The update's metrics stay on the device, in float64, until the one read after the optimizer step: the loss, the
+  // clipped tokens and the KL loss summed over the micro-batches, and each micro-batch's dual-clipped tokens and
+  // approximate KL (added to the step's sums in order if the update is applied).
+  const torch::Tensor zero = torch::zeros({}, model->lm_head_weight().options().dtype(torch::kFloat64));
+  torch::Tensor loss = zero, clipped = zero, kl_sum = zero;
+  std::vector<torch::Tensor> dual_clipped, kl;
+  const auto as_double = [](const torch::Tensor& value) { return value.detach().to(torch::kFloat64); };
   for (const MicroBatch& micro : mini.micro_batches) {
     RECORD_USER_SCOPE(kMicroBatchScope);
     const auto rows = [&](const torch::Tensor& tensor) { return micro.take(tensor); };
@@ -336,41 +342,47 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
       if (kl_loss) {
         const torch::Tensor ref_logp = rows(batch.ref_logp).narrow(1, 0, micro.length - 1).to(device);
         const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, ref_logp, penalty)).sum();
-        kl_sum += kl.item<double>();
+        kl_sum = kl_sum + as_double(kl);
         total = total + options.extras.kl_loss_coef * kl;
       }
       if (entropy_term) total = total - options.extras.entropy_coeff * (term_weights * token_entropy).sum();
     }
     total.backward();
-    const double micro_tokens = mask.sum().item<double>();
-    loss += out.loss.item<double>();
-    clipped += out.clip_fraction.item<double>() * micro_tokens;
-    dual_clipped.push_back(out.dual_clip_fraction.item<double>() * micro_tokens);
-    kl.push_back(out.approx_kl.item<double>() * micro_tokens);
+    const double micro_tokens = mask.sum().item<double>();  // the host's mask
+    loss = loss + as_double(out.loss);
+    clipped = clipped + as_double(out.clip_fraction) * micro_tokens;
+    dual_clipped.push_back(as_double(out.dual_clip_fraction) * micro_tokens);
+    kl.push_back(as_double(out.approx_kl) * micro_tokens);
   }
   RECORD_USER_SCOPE(kOptimizerStepScope);
   communicator.all_reduce_gradients(model->parameters());  // the sum of the ranks' shares: the mini-batch's gradient
-  const double grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), options.grad_clip);
+  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  // A NaN or infinity anywhere in the summed gradient (every rank sees the same norm) skips the update, as verl's
+  // actor does, so that neither the weights nor AdamW's moments take it in (train/optimizer.hpp).
+  const torch::Tensor norm = optimizer.clip_and_step(options.grad_clip);
+  // The update's one read: the norm (whether the step applied) and the metrics.
+  std::vector<torch::Tensor> values{as_double(norm), loss, clipped, kl_sum};
+  values.insert(values.end(), dual_clipped.begin(), dual_clipped.end());
+  values.insert(values.end(), kl.begin(), kl.end());
+  const torch::Tensor read = host_door::read(torch::stack(values));
+  const double* host = read.data_ptr<double>();
+  const double grad_norm = host[0];
+  const auto micro_batches = static_cast<std::ptrdiff_t>(dual_clipped.size());
+  optimizer.applied(std::isfinite(grad_norm));
+  release_gradients(model->parameters());
   sums.lr = lr;
   sums.tokens_by_update.push_back(mini.counts.tokens);
-  if (!std::isfinite(grad_norm)) {
-    // A NaN or infinity anywhere in the summed gradient (every rank sees the same norm): skip the update, as verl's
-    // actor does, so that neither the weights nor AdamW's moments take it in, and leave its loss and clip counts out
-    // of the step's metrics. The schedule's clock still advances.
-    release_gradients(model->parameters());
+  if (!std::isfinite(grad_norm)) {  // its loss and clip counts stay out of the step's metrics; the clock advances
     sums.clipped_by_update.push_back(0.0);
     ++sums.skipped;
     return;
   }
-  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  optimizer.step();
-  release_gradients(model->parameters());
-  sums.loss += loss;
-  sums.kl_loss += kl_sum;
+  sums.loss += host[1];
+  sums.kl_loss += host[3];
   sums.grad_norm += grad_norm;
-  for (const double value : dual_clipped) sums.dual_clipped += value;
-  for (const double value : kl) sums.kl += value;
-  sums.clipped_by_update.push_back(clipped);
+  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.dual_clipped += host[4 + i];
+  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.kl += host[4 + micro_batches + i];
+  sums.clipped_by_update.push_back(host[2]);
 }
 
 UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {

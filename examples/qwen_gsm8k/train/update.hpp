@@ -28,6 +28,7 @@
 #include "qwen_gsm8k/dist/distributed.hpp"
 #include "qwen_gsm8k/model/model.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
+#include "qwen_gsm8k/train/optimizer.hpp"
 #include "qwen_gsm8k/train/train_options.hpp"
 
 namespace qwen {
@@ -114,7 +115,7 @@ struct UpdateMetrics {
 
 struct PolicyUpdate {
   Qwen2ForCausalLM& model;
-  torch::optim::AdamW& optimizer;
+  ClippedAdamW& optimizer;
   Communicator& communicator;
   const TrainOptions& options;
   Qwen2ForCausalLM* reference = nullptr;  // the frozen reference policy of a KL loss (options.kl_loss_coef > 0)
