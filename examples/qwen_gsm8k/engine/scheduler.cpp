@@ -159,6 +159,9 @@ std::vector<Released> Scheduler::release(const std::vector<Finished>& done) {
     released.push_back({.request = row.request, .sample = row.sample, .length = d.length, .reason = d.reason});
   }
   unhanded_ += static_cast<int64_t>(released.size());
+  // A released row's slot may become a padding row of the next step (the one before the hand-over, with no admission
+  // between), with its position and token index where its sequence ended: reset them before that step.
+  if (!released.empty()) reset_padding_ = true;
   return released;
 }
 

@@ -129,7 +129,7 @@ class Scheduler {
   EngineStats& stats_;
   std::vector<Sequence> rows_;  // the live sequences, row r in slot r
   std::deque<Pending> waiting_;
-  bool reset_padding_ = true;  // an admission since the last step: the padding rows' positions are stale
+  bool reset_padding_ = true;  // an admission or a release since the last step: the padding rows' state is stale
   int64_t unhanded_ = 0;       // released and not handed over yet
 };
 
