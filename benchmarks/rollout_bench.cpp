@@ -12,9 +12,8 @@
 // Reported per mode: decode calls (model forwards of one token per row), rows computed (their rows summed), rows
 // computed per useful token, prefill rows and tokens, finished-flag checks (host synchronisations), the engine's reads
 // of device data by the host (waits, and fetches taken a step later) and copies to the device (model/host_door.hpp),
-// useful tokens/s, and the peak of tensor
-// memory (the tracking allocator). Every mode's sequences have the same lengths; the tokens of the engine's greedy run
-// are checked against the reference decoder's before timing.
+// useful tokens/s, and the peak of tensor memory (the tracking allocator). Every mode's sequences have the same
+// lengths; the tokens of the engine's greedy run are checked against the reference decoder's before timing.
 //
 // Usage: rollout_bench [--shape small|demo|...] [--prompts P] [--n N] [--max-new-tokens T] [--prompt-tokens L]
 //                      [--median-fraction F] [--sigma S] [--max-num-seqs S] [--check-every K] [--keep-rates a,b,c]

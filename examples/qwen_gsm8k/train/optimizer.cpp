@@ -83,6 +83,8 @@ torch::Tensor ClippedAdamW::clip_and_step(double max_norm) {
 void ClippedAdamW::fused_step(const std::vector<torch::Tensor>& parameters, const std::vector<torch::Tensor>& gradients,
                               const torch::Tensor& norm) {
 #if QWEN_FUSED_ADAMW
+  DAPO_REQUIRE(param_groups().size() == 1, "qwen::ClippedAdamW", "one parameter group expected (the trainer's), got ",
+               param_groups().size());
   // 1 where the norm is not finite: the kernel then leaves weights and moments, and the counts do not advance.
   const torch::Tensor skip = torch::logical_not(torch::isfinite(norm)).to(torch::kFloat32);
   const torch::Tensor advance = 1.0 - skip;
@@ -109,8 +111,6 @@ void ClippedAdamW::fused_step(const std::vector<torch::Tensor>& parameters, cons
     stepped_.push_back(key);
   }
   at::_foreach_add_(steps, advance);
-  DAPO_REQUIRE(param_groups().size() == 1, "qwen::ClippedAdamW", "one parameter group expected (the trainer's), got ",
-               param_groups().size());
   const auto& options = static_cast<const torch::optim::AdamWOptions&>(param_groups().front().options());
   at::_fused_adamw_(parameters, gradients, exp_avgs, exp_avg_sqs, {}, steps, options.lr(), std::get<0>(options.betas()),
                     std::get<1>(options.betas()), options.weight_decay(), options.eps(),
@@ -121,12 +121,12 @@ void ClippedAdamW::fused_step(const std::vector<torch::Tensor>& parameters, cons
 }
 
 void ClippedAdamW::applied(bool finite) {
-  for (const StateKey& key : stepped_) {
-    if (!finite) continue;
-    auto& state = static_cast<torch::optim::AdamWParamState&>(*state_.find(key)->second);
-    state.step(state.step() + 1);
-  }
-  if (!finite) {  // a skipped first step leaves no state, as torch::optim::AdamW's would
+  if (finite) {
+    for (const StateKey& key : stepped_) {
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*state_.find(key)->second);
+      state.step(state.step() + 1);
+    }
+  } else {  // a skipped first step leaves no state, as torch::optim::AdamW's would
     for (const StateKey& key : created_) {
       state_.erase(key);
       device_steps_.erase(key);

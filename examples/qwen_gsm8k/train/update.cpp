@@ -360,14 +360,15 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   // A NaN or infinity anywhere in the summed gradient (every rank sees the same norm) skips the update, as verl's
   // actor does, so that neither the weights nor AdamW's moments take it in (train/optimizer.hpp).
   const torch::Tensor norm = optimizer.clip_and_step(options.grad_clip);
-  // The update's one read: the norm (whether the step applied) and the metrics.
+  // The update's one read: the norm (whether the step applied) and the metrics, laid out as `at` names them.
+  enum Slot : std::ptrdiff_t { kNorm, kLoss, kClipped, kKlLoss, kPerMicroBatch };
   std::vector<torch::Tensor> values{as_double(norm), loss, clipped, kl_sum};
   values.insert(values.end(), dual_clipped.begin(), dual_clipped.end());
   values.insert(values.end(), kl.begin(), kl.end());
   const torch::Tensor read = host_door::read(torch::stack(values));
-  const double* host = read.data_ptr<double>();
-  const double grad_norm = host[0];
   const auto micro_batches = static_cast<std::ptrdiff_t>(dual_clipped.size());
+  const auto at = [&](std::ptrdiff_t slot) { return read.data_ptr<double>()[slot]; };
+  const double grad_norm = at(kNorm);
   optimizer.applied(std::isfinite(grad_norm));
   release_gradients(model->parameters());
   sums.lr = lr;
@@ -377,12 +378,12 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
     ++sums.skipped;
     return;
   }
-  sums.loss += host[1];
-  sums.kl_loss += host[3];
+  sums.loss += at(kLoss);
+  sums.kl_loss += at(kKlLoss);
   sums.grad_norm += grad_norm;
-  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.dual_clipped += host[4 + i];
-  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.kl += host[4 + micro_batches + i];
-  sums.clipped_by_update.push_back(host[2]);
+  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.dual_clipped += at(kPerMicroBatch + i);
+  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.kl += at(kPerMicroBatch + micro_batches + i);
+  sums.clipped_by_update.push_back(at(kClipped));
 }
 
 UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
