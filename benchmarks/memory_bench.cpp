@@ -60,7 +60,7 @@ Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpoint
   const qwen::CpuMemoryTracker tracker;
   const int64_t base = tracker.current_bytes();
   const auto started = std::chrono::steady_clock::now();
-  const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast});
+  const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast}).logp;
   Measure out;
   out.held = tracker.current_bytes() - base;
   (-logp.sum()).backward();
@@ -90,7 +90,7 @@ int64_t measure_update_peak(qwen::Qwen2ForCausalLM& model, const Args& args, boo
   {
     qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-6));
     for (int round = 0; round < 2; ++round) {
-      const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast});
+      const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast}).logp;
       (-logp.sum()).backward();
       optimizer.applied(std::isfinite(qwen::host_door::read(optimizer.clip_and_step(1.0)).item<double>()));
       qwen::release_gradients(model->parameters());

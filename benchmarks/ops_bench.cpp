@@ -264,10 +264,10 @@ int main(int argc, char** argv) {
     const torch::Tensor loss_mask = mask.narrow(1, 1, args.length - 1).to(torch::kBool);
     qwen::LogprobOptions logprob_options;
     logprob_options.autocast = autocast_dtype(args.autocast);
-    qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).sum().backward();  // warm-up
+    qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).logp.sum().backward();  // warm-up
     model->zero_grad();
     const OpCounter::Counts before_forward = OpCounter::snapshot();
-    const torch::Tensor logp = qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options);
+    const torch::Tensor logp = qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).logp;
     const OpCounter::Counts forward = OpCounter::snapshot() - before_forward;
     logp.sum().backward();
     const OpCounter::Counts backward = OpCounter::snapshot() - before_forward - forward;

@@ -145,7 +145,9 @@ int64_t activation_peak(qwen::Qwen2ForCausalLM& model, const qwen::TrainBatch& b
     micro.length = std::max(micro.length, batch.padded.attention_mask[r].sum().item<int64_t>());
   }
   const qwen::LogprobOptions options{.autocast = args.autocast};
-  const auto pass = [&] { qwen::micro_batch_logprobs(model, batch.padded, micro, options, shared).sum().backward(); };
+  const auto pass = [&] {
+    qwen::micro_batch_logprobs(model, batch.padded, micro, options, shared).logp.sum().backward();
+  };
   pass();  // allocates the gradients
   const qwen::CpuMemoryTracker tracker;
   const int64_t base = tracker.current_bytes();

@@ -345,12 +345,26 @@ TEST_CASE(
   REQUIRE(qwen::read_json_lines(original / "metrics.jsonl").size() == 2);
 
   const auto cut_to_half = [](const fs::path& file) { fs::resize_file(file, fs::file_size(file) / 2); };
-  // 64 bytes of 0xAB over the end (a ZIP archive's end record) or the middle (tensor data, which only the entry's
-  // CRC-32 can tell).
-  const auto overwrite = [](const fs::path& file, bool at_end) {
+  // 64 bytes of 0xAB over the end (a ZIP archive's end record) or the middle of the largest entry's tensor data (which
+  // only the entry's CRC-32 can tell): the middle of the longest stretch between two local headers ("PK\3\4"), so
+  // that no header is hit wherever the entries fall.
+  const auto data_middle = [](const std::string& bytes) {
+    const std::string header("PK\x03\x04", 4);
+    std::size_t longest_begin = 0, longest = 0, previous = 0;
+    for (std::size_t at = bytes.find(header); at != std::string::npos; at = bytes.find(header, at + 4)) {
+      if (at - previous > longest) {
+        longest_begin = previous;
+        longest = at - previous;
+      }
+      previous = at;
+    }
+    REQUIRE(longest > 1024);
+    return longest_begin + longest / 2;
+  };
+  const auto overwrite = [&](const fs::path& file, bool at_end) {
     std::string bytes = read_file(file);
     REQUIRE(bytes.size() > 128);
-    const auto begin = at_end ? bytes.size() - 64 : bytes.size() / 2;
+    const auto begin = at_end ? bytes.size() - 64 : data_middle(bytes);
     std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(begin),
               bytes.begin() + static_cast<std::ptrdiff_t>(begin + 64), '\xab');
     write_file(file, bytes);

@@ -1,15 +1,18 @@
 // What the update adds to the policy loss, as verl does: rollout correction from the sampler's log-probs (IS weights,
 // rejection, the probability-difference metrics), a KL loss against a reference policy, an entropy term; and the
-// trainer wiring them end to end (the rollouts' own log-probs, a frozen reference copy).
+// trainer wiring them end to end (the rollouts' own log-probs, a frozen reference copy). Also what the update waits
+// for: its reads of device data, counted per optimizer update with each of these on.
 #include <torch/torch.h>
 
 #include <dapo/kl_penalty.hpp>
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "qwen_gsm8k/demo/demo.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/model/host_door.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
 #include "qwen_gsm8k/train/trainer.hpp"
@@ -40,8 +43,11 @@ qwen::Qwen2ForCausalLM extras_model(uint64_t seed) {
 torch::Tensor batch_logprobs(qwen::Qwen2ForCausalLM& model, const qwen::TrainBatch& batch,
                              double* entropy_sum = nullptr) {
   const torch::NoGradGuard no_grad;
-  return qwen::response_logprobs(model, batch.padded.input_ids, batch.padded.attention_mask, batch.padded.loss_mask, {},
-                                 entropy_sum);
+  const qwen::TargetLogprobs out =
+      qwen::response_logprobs(model, batch.padded.input_ids, batch.padded.attention_mask, batch.padded.loss_mask,
+                              {.with_entropy = entropy_sum != nullptr});
+  if (entropy_sum != nullptr) *entropy_sum += out.entropy_sum.item<double>();
+  return out.logp;
 }
 
 // The same, computed on the slices of `plan` as the update computes them (the same shapes and path, so the same bits).
@@ -51,7 +57,8 @@ torch::Tensor sliced_logprobs(qwen::Qwen2ForCausalLM& model, const qwen::TrainBa
   torch::Tensor out = torch::zeros(batch.padded.loss_mask.sizes(), torch::kFloat32);
   for (const auto& mini : plan) {
     for (const auto& micro : mini.micro_batches) {
-      micro.put(out, qwen::micro_batch_logprobs(model, batch.padded, micro, {}, qwen::TrainOptions().shared_prompt));
+      micro.put(out,
+                qwen::micro_batch_logprobs(model, batch.padded, micro, {}, qwen::TrainOptions().shared_prompt).logp);
     }
   }
   return out;
@@ -189,4 +196,58 @@ TEST_CASE("the trainer: rollouts keep the sampler's log-probs, every step logs v
   bool has_correction = false;
   for (const auto& [key, value] : row.items()) has_correction = has_correction || key.starts_with("rollout_corr/");
   CHECK(has_correction);
+}
+
+TEST_CASE("the update waits for the device once per optimizer update and once after them, whatever it computes") {
+  // Every read of device data goes through host_door (the engine's one door): the update reads its gradient norm and
+  // metrics once per optimizer update, then the old policy's entropy and the probabilities' gap once; the micro-batches
+  // read nothing (their rows reach the device as copies). Rollout correction reads the old log-probs once more.
+  qwen::Qwen2ForCausalLM reference = extras_model(12);
+  struct Case {
+    const char* name;
+    std::function<void(qwen::TrainOptions&)> set;
+    int64_t extra_reads;
+  };
+  const std::vector<Case> cases{
+      {"whole groups, shared prompts, two epochs", [](qwen::TrainOptions& o) { o.ppo_epochs = 2; }, 0},
+      {"each row whole, a token budget, KL loss and entropy term",
+       [](qwen::TrainOptions& o) {
+         o.shared_prompt = false;
+         o.use_dynamic_bsz = true;
+         o.ppo_max_token_len_per_gpu = 40;
+         o.extras.kl_loss_coef = 0.5;
+         o.extras.entropy_coeff = 0.01;
+       },
+       0},
+      {"rollout correction",
+       [](qwen::TrainOptions& o) {
+         o.extras.rollout_is = "token";
+         o.extras.rollout_is_threshold = "2.0";
+       },
+       1},
+  };
+  for (const Case& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    qwen::Qwen2ForCausalLM model = extras_model(11);
+    qwen::TrainBatch batch = extras_batch(kAdvantages);
+    batch.rollout_logp = batch_logprobs(model, batch) - 0.01f * batch.padded.loss_mask.to(torch::kFloat32);
+    qwen::TrainOptions options;
+    options.ppo_mini_batch_size = 2;  // two mini-batches of two groups
+    options.ppo_micro_batch_size = 1;
+    c.set(options);
+    const qwen::host_door::Counts before = qwen::host_door::counts();
+    int64_t updates = 0;
+    const qwen::UpdateMetrics metrics = run_update(model, batch, options, &reference, &updates);
+    const qwen::host_door::Counts after = qwen::host_door::counts();
+    REQUIRE(updates >= 2);
+    CHECK(after.reads - before.reads == updates + 1 + c.extra_reads);
+    CHECK(after.reads - before.reads <= 2 * updates);  // at most two per optimizer update
+    CHECK(after.copies - before.copies > 0);           // the micro-batches' rows went to the device as copies
+    CHECK(metrics.host_reads == after.reads - before.reads);
+    CHECK(metrics.host_copies == after.copies - before.copies);
+    CHECK(metrics.entropy > 0.0);
+    REQUIRE(metrics.rollout_probs_diff.has_value());
+    CHECK((*metrics.rollout_probs_diff)[1] > 0.0);
+  }
 }

@@ -137,6 +137,29 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("ClippedAdamW::step_and_read: one read brings the norm and the values back and settles the step") {
+  const auto ours = make_parameters();
+  const auto theirs = copies(ours);
+  qwen::ClippedAdamW optimizer(ours, options());
+  torch::optim::AdamW reference(theirs, options());
+  for (int step = 0; step < 5; ++step) {
+    CAPTURE(step);
+    const float poison = step == 2 ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    set_gradients(ours, step, poison);
+    set_gradients(theirs, step, poison);
+    const double expected = reference_step(reference, theirs, 1.0);
+    const torch::Tensor values = torch::tensor({0.25 * step, -1.5}, torch::kFloat64);
+    const int64_t reads = qwen::host_door::counts().reads;
+    const torch::Tensor read = optimizer.step_and_read(1.0, values);
+    CHECK(qwen::host_door::counts().reads - reads == 1);
+    REQUIRE(read.sizes() == torch::IntArrayRef{3});
+    CHECK(std::isfinite(read[0].item<double>()) == std::isfinite(expected));
+    if (std::isfinite(expected)) CHECK(read[0].item<double>() == doctest::Approx(expected).epsilon(1e-6));
+    CHECK(torch::equal(read.narrow(0, 1, 2), values));
+    check_same_state(optimizer, reference, ours, theirs);  // settled: the next step is allowed, the state as AdamW's
+  }
+}
+
 TEST_CASE("ClippedAdamW: its state saves as torch::optim::AdamW's and resumes the same steps") {
   const auto ours = make_parameters();
   qwen::ClippedAdamW optimizer(ours, options());

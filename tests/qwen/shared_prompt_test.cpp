@@ -61,12 +61,16 @@ struct Logprobs {
 Logprobs logprobs_of(qwen::Qwen2ForCausalLM& model, const qwen::TrainBatch& batch, bool shared,
                      const qwen::LogprobOptions& options = {}) {
   const qwen::PaddedBatch& padded = batch.padded;
-  Logprobs out;
-  out.logp =
+  qwen::LogprobOptions with_entropy = options;
+  with_entropy.with_entropy = true;
+  const qwen::TargetLogprobs values =
       shared ? qwen::shared_prompt_response_logprobs(model, padded.input_ids, padded.attention_mask, padded.loss_mask,
-                                                     padded.prompt_lengths, options, &out.entropy_sum, &out.entropy)
-             : qwen::response_logprobs(model, padded.input_ids, padded.attention_mask, padded.loss_mask, options,
-                                       &out.entropy_sum, &out.entropy);
+                                                     padded.prompt_lengths, with_entropy)
+             : qwen::response_logprobs(model, padded.input_ids, padded.attention_mask, padded.loss_mask, with_entropy);
+  Logprobs out;
+  out.logp = values.logp;
+  out.entropy = values.entropy;
+  out.entropy_sum = values.entropy_sum.item<double>();
   model->zero_grad();
   const torch::Tensor weights = torch::arange(out.logp.numel(), torch::kFloat32).view(out.logp.sizes()).sin();
   ((out.logp * weights.to(out.logp.scalar_type())).sum() + out.entropy.sum()).backward();

@@ -112,7 +112,7 @@ TEST_CASE(
     const torch::NoGradGuard no_grad;
     auto logprobs = [&](qwen::Qwen2ForCausalLM reference, std::optional<torch::ScalarType> autocast) {
       const qwen::AutocastGuard guard(torch::kCPU, autocast);
-      return qwen::response_logprobs(reference, ids, attention, loss_mask, {});
+      return qwen::response_logprobs(reference, ids, attention, loss_mask, {}).logp;
     };
     const torch::Tensor exact = logprobs(full, std::nullopt);       // float32 throughout
     const torch::Tensor mixed = logprobs(full, torch::kBFloat16);   // what a float32 reference gives under autocast

@@ -451,8 +451,10 @@ TEST_CASE("the first update's forward gives its mini-batch's old log-probs: bitw
     const torch::NoGradGuard no_grad;
     for (const auto& mini : plan) {
       for (const auto& micro : mini.micro_batches) {
-        micro.put(expected,
-                  qwen::micro_batch_logprobs(model, batch.padded, micro, {}, options.shared_prompt, &entropy));
+        const qwen::TargetLogprobs out =
+            qwen::micro_batch_logprobs(model, batch.padded, micro, {.with_entropy = true}, options.shared_prompt);
+        micro.put(expected, out.logp);
+        entropy += out.entropy_sum.item<double>();
       }
     }
   }

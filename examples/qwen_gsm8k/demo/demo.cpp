@@ -54,7 +54,6 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(options.sft_lr).weight_decay(0.0));
   ProblemSampler sampler(train.size(), options.seed ^ 0x5F7ull);
   const int64_t end_id = *tokenizer.token_to_id("<|im_end|>"), pad_id = *tokenizer.pad_token_id();
-  const torch::Device device = model->lm_head_weight().device();
   model->train();
   for (int64_t step = 0; step < options.sft_steps; ++step) {
     std::vector<BatchRow> rows;
@@ -68,9 +67,8 @@ WarmStart warm_start(Qwen2ForCausalLM& model, const Tokenizer& tokenizer, const 
       row.tokens.push_back(end_id);
       rows.push_back(std::move(row));
     }
-    const PaddedBatch batch = pad_rows(rows, pad_id);  // built on the CPU, one copy to the model's device
-    const torch::Tensor logp = target_logprobs(model, batch.input_ids.to(device), batch.attention_mask.to(device),
-                                               batch.loss_mask.to(device), {});
+    const PaddedBatch batch = pad_rows(rows, pad_id);  // built on the CPU; target_logprobs copies it to the device
+    const torch::Tensor logp = target_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, {}).logp;
     torch::Tensor loss;
     if (communicator.world_size() == 1) {
       loss = -logp.mean();

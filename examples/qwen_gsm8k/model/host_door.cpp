@@ -64,4 +64,12 @@ torch::Tensor to_device(const std::vector<int64_t>& values, torch::Device device
   return to_device(torch::tensor(values, torch::kInt64), device);
 }
 
+torch::Tensor on_host(const torch::Tensor& tensor) {
+  return tensor.device().is_cpu() ? tensor : read(tensor);
+}
+
+torch::Tensor on_device(const torch::Tensor& tensor, torch::Device device) {
+  return tensor.device().is_cpu() ? to_device(tensor, device) : tensor.to(device);
+}
+
 }  // namespace qwen::host_door

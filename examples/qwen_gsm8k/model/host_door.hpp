@@ -1,6 +1,7 @@
 // The one door between the host and the device. Every read of device data by the host and every host-to-device copy
-// of the engine goes through here, so that what a GPU would wait for is counted on any device: tests and benchmarks
-// count them per decode step, per admission and per rollout on the CPU.
+// of the engine and of the policy update goes through here, so that what a GPU would wait for is counted on any
+// device: tests and benchmarks count them per decode step, per admission, per rollout and per optimizer step on the
+// CPU.
 // - A read waits: on a GPU the host waits for the device's queue to drain.
 // - A fetch does not: its copy is queued behind the work already queued (on CUDA into pinned memory), the host queues
 //   more work, and takes the values later, when the copy has run, while the device goes on with what came after it.
@@ -51,5 +52,12 @@ class Fetch {
 // either way).
 torch::Tensor to_device(const torch::Tensor& host, torch::Device device);
 torch::Tensor to_device(const std::vector<int64_t>& values, torch::Device device);  // int64 [values.size()]
+
+// For values the host keeps (a batch built on the host) that a caller may have put on a device: `tensor` itself where
+// it is on the CPU, else read (one counted read).
+torch::Tensor on_host(const torch::Tensor& tensor);
+// `tensor` on `device`: from the CPU through to_device (one counted copy, also where `device` is the CPU, so that the
+// CPU counts what a GPU copies); from another device, moved.
+torch::Tensor on_device(const torch::Tensor& tensor, torch::Device device);
 
 }  // namespace qwen::host_door

@@ -11,6 +11,7 @@
 #include "qwen_gsm8k/model/batched_matmul.hpp"
 #include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/gradient_checkpointing.hpp"
+#include "qwen_gsm8k/model/host_door.hpp"
 
 namespace qwen {
 
@@ -418,9 +419,9 @@ torch::Tensor Qwen2ModelImpl::forward_generating(const torch::Tensor& hidden, co
 
 namespace {
 
-// The int64 values of a 1-d tensor, on the host.
+// The int64 values of a 1-d tensor, on the host (a counted read when it is on a device).
 std::vector<int64_t> host_values(const torch::Tensor& tensor) {
-  const torch::Tensor host = tensor.to(torch::kCPU, torch::kInt64).contiguous();
+  const torch::Tensor host = host_door::on_host(tensor).to(torch::kInt64).contiguous();
   return {host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel()};
 }
 
@@ -468,9 +469,9 @@ torch::Tensor Qwen2ModelImpl::forward_shared(const SharedPromptBatch& batch) {
   }
   const auto device = embed_tokens->weight.device();
   const auto on = torch::TensorOptions().device(device).dtype(torch::kInt64);
-  const auto to_device = [&](const std::vector<int64_t>& values) {
-    return torch::tensor(values, torch::kInt64).to(device);
-  };
+  const auto to_device = [&](const std::vector<int64_t>& values) { return host_door::to_device(values, device); };
+  // The batch's tensors are the host's (shared_prompt_batch): each goes to the device once, through host_door.
+  const auto on_device = [&](const torch::Tensor& tensor) { return host_door::on_device(tensor, device); };
   SharedAttentionInputs inputs;
   inputs.prompts = prompts;
   inputs.prompt_positions = prompt_positions;
@@ -480,8 +481,8 @@ torch::Tensor Qwen2ModelImpl::forward_shared(const SharedPromptBatch& batch) {
   inputs.prompt_slots = to_device(prompt_slots);
   inputs.response_slots = to_device(response_slots);
   inputs.row_prompt = to_device(row_prompt);
-  const torch::Tensor ids = torch::cat({prompt_ids.to(on).reshape({-1}).index_select(0, inputs.prompt_slots),
-                                        response_ids.to(on).reshape({-1}).index_select(0, inputs.response_slots)});
+  const torch::Tensor ids = torch::cat({on_device(prompt_ids).reshape({-1}).index_select(0, inputs.prompt_slots),
+                                        on_device(response_ids).reshape({-1}).index_select(0, inputs.response_slots)});
   torch::Tensor hidden = embed_tokens(ids);                               // [tokens, H]
   const auto [cos, sin] = rotary_emb(to_device(positions).unsqueeze(0));  // [1, tokens, D]
   const torch::ScalarType dtype = active_autocast_dtype(device).value_or(hidden.scalar_type());
@@ -490,7 +491,7 @@ torch::Tensor Qwen2ModelImpl::forward_shared(const SharedPromptBatch& batch) {
   inputs.prompt_mask = mask_input(torch::Tensor(), dtype, groups, prompt_positions, device);
   if (responses > 0 && response_positions > 0) {
     // Response query t of row r sees its prompt's real keys (s < its length) and its own keys 0..t.
-    const torch::Tensor row_lengths = batch.prompt_lengths.to(on).index_select(0, inputs.row_prompt);  // [Rn]
+    const torch::Tensor row_lengths = on_device(batch.prompt_lengths).index_select(0, inputs.row_prompt);  // [Rn]
     const torch::Tensor prompt_keys =
         (torch::arange(prompt_positions, on).unsqueeze(0) < row_lengths.unsqueeze(1))  // [Rn, P]
             .unsqueeze(1)

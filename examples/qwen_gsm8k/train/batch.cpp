@@ -11,6 +11,7 @@
 #include <string>
 
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/host_door.hpp"
 
 namespace qwen {
 
@@ -110,64 +111,105 @@ TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_siz
   return batch;
 }
 
-torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
-                              const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                              const LogprobOptions& options, double* entropy_sum, torch::Tensor* entropy) {
-  const auto device = model->lm_head_weight().device();
-  const torch::Tensor ids = input_ids.to(device), mask = attention_mask.to(device), targets_mask = loss_mask.to(device);
-  torch::Tensor hidden;
-  {
-    const AutocastGuard autocast(device, options.autocast);
-    // Training rows are prompt then response, padded on the right: causal attention needs no padding mask there,
-    // which lets a fused attention kernel take the forward (read from the host copy, no device synchronisation).
-    hidden = right_padded(attention_mask.cpu())
-                 ? model->right_padded_hidden_states(ids, mask, position_ids_from_mask(mask))  // [B, L, H]
-                 : model->hidden_states(ids, mask, position_ids_from_mask(mask));
-  }
-  const int64_t steps = ids.size(1) - 1;
-  torch::Tensor selected = hidden.narrow(1, 0, steps).index({targets_mask});  // [N, H]
-  torch::Tensor lm_head = model->lm_head_weight();
-  if (options.autocast) {  // the lm-head product in the autocast dtype too; linear_logprobs keeps its softmax float32
-    selected = selected.to(*options.autocast);
-    lm_head = lm_head.to(*options.autocast);
-  }
-  const torch::Tensor targets = ids.narrow(1, 1, steps).index({targets_mask});  // [N]
-  const auto out = dapo::linear_logprobs(selected, lm_head, targets,
-                                         {.chunk_size = options.chunk_size,
-                                          .temperature = options.temperature,
-                                          .with_entropy = entropy_sum != nullptr || entropy != nullptr});
-  if (entropy_sum != nullptr) *entropy_sum += out.entropy.detach().sum().item<double>();
-  if (entropy != nullptr) *entropy = out.entropy;
-  return out.logp;
-}
-
 namespace {
 
-// values [N] (and the entropy [N]) of the loss_mask targets scattered back to [B, L - 1], 0 elsewhere.
-torch::Tensor scattered(const torch::Tensor& values, const torch::Tensor& loss_mask, torch::Tensor* entropy) {
-  const torch::Tensor targets_mask = loss_mask.to(values.device());
-  if (entropy != nullptr) {
-    *entropy = torch::zeros(targets_mask.sizes(), entropy->options()).masked_scatter(targets_mask, *entropy);
-  }
-  return torch::zeros(targets_mask.sizes(), values.options()).masked_scatter(targets_mask, values);
+using host_door::on_device;
+using host_door::on_host;
+
+// The loss_mask [B, L - 1] targets' flat positions b * (L - 1) + t in row-major order, found on the host and copied to
+// `device` (a boolean index there would wait for the device to count them).
+torch::Tensor target_positions(const torch::Tensor& host_loss_mask, torch::Device device) {
+  return on_device(host_loss_mask.to(torch::kBool).reshape(-1).nonzero().reshape(-1), device);
+}
+
+// values [N] of the targets at `positions` scattered back to [B, L - 1], 0 elsewhere (differentiable).
+torch::Tensor scattered(const torch::Tensor& values, const torch::Tensor& positions, at::IntArrayRef shape) {
+  return torch::zeros({shape[0] * shape[1]}, values.options()).index_copy(0, positions, values).view(shape);
+}
+
+TargetLogprobs scattered(TargetLogprobs out, const torch::Tensor& positions, at::IntArrayRef shape) {
+  out.logp = scattered(out.logp, positions, shape);
+  if (out.entropy.defined()) out.entropy = scattered(out.entropy, positions, shape);
+  return out;
+}
+
+// Every token id of the rows [B, L] (host) below the vocabulary's size, so that the device's gathers stay in range.
+void check_token_ids(const torch::Tensor& host_ids, int64_t vocab, const char* where) {
+  if (host_ids.numel() == 0) return;
+  const torch::Tensor bad = (host_ids < 0) | (host_ids >= vocab);
+  if (!bad.any().item<bool>()) return;
+  const torch::Tensor at = bad.nonzero()[0];
+  throw std::invalid_argument(
+      std::string(where) + ": token id " + std::to_string(host_ids.index({at[0], at[1]}).item<int64_t>()) + " at row " +
+      std::to_string(at[0].item<int64_t>()) + ", position " + std::to_string(at[1].item<int64_t>()) +
+      " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+
+// The targets' log-probs [N] from the positions' hidden states [N, H] (float32 softmax; the product in the autocast
+// dtype).
+TargetLogprobs lm_head_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& selected, const torch::Tensor& targets,
+                                const LogprobOptions& options) {
+  const torch::Tensor lm_head = model->lm_head_weight();
+  const auto cast = [&](const torch::Tensor& x) { return options.autocast ? x.to(*options.autocast) : x; };
+  const auto out = dapo::linear_logprobs(cast(selected), cast(lm_head), targets,
+                                         {.chunk_size = options.chunk_size,
+                                          .temperature = options.temperature,
+                                          .with_entropy = options.with_entropy,
+                                          .check_targets = false});  // checked on the host (check_token_ids)
+  TargetLogprobs result{out.logp, out.entropy, {}};
+  if (options.with_entropy) result.entropy_sum = out.entropy.detach().sum();
+  return result;
 }
 
 }  // namespace
 
-torch::Tensor response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
-                                const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                const LogprobOptions& options, double* entropy_sum, torch::Tensor* entropy) {
-  return scattered(target_logprobs(model, input_ids, attention_mask, loss_mask, options, entropy_sum, entropy),
-                   loss_mask, entropy);
+namespace {
+
+// target_logprobs of the targets at `positions` (target_positions of the loss mask).
+TargetLogprobs logprobs_at(Qwen2ForCausalLM& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                           const torch::Tensor& positions, const LogprobOptions& options) {
+  const auto device = model->lm_head_weight().device();
+  const torch::Tensor host_ids = on_host(input_ids), host_attention = on_host(attention_mask);
+  check_token_ids(host_ids, model->lm_head_weight().size(0), "target_logprobs");
+  const torch::Tensor ids = on_device(host_ids, device), mask = on_device(host_attention, device);
+  torch::Tensor hidden;
+  {
+    const AutocastGuard autocast(device, options.autocast);
+    // Training rows are prompt then response, padded on the right: causal attention needs no padding mask there,
+    // which lets a fused attention kernel take the forward (decided from the host's values).
+    hidden = right_padded(host_attention)
+                 ? model->right_padded_hidden_states(ids, mask, position_ids_from_mask(mask))  // [B, L, H]
+                 : model->hidden_states(ids, mask, position_ids_from_mask(mask));
+  }
+  // Target b * (L - 1) + t is predicted by the hidden state at b * L + t and is the token at b * L + t + 1.
+  const torch::Tensor read_at = positions + positions.div(ids.size(1) - 1, "floor");
+  const torch::Tensor selected = hidden.reshape({-1, hidden.size(-1)}).index_select(0, read_at);  // [N, H]
+  return lm_head_logprobs(model, selected, ids.reshape(-1).index_select(0, read_at + 1), options);
 }
 
-torch::Tensor shared_prompt_response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
-                                              const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                              const std::vector<int64_t>& prompt_lengths, const LogprobOptions& options,
-                                              double* entropy_sum, torch::Tensor* entropy) {
-  return scattered(shared_prompt_target_logprobs(model, input_ids, attention_mask, loss_mask, prompt_lengths, options,
-                                                 entropy_sum, entropy),
-                   loss_mask, entropy);
+}  // namespace
+
+TargetLogprobs target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                               const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                               const LogprobOptions& options) {
+  const torch::Tensor positions = target_positions(on_host(loss_mask), model->lm_head_weight().device());
+  return logprobs_at(model, input_ids, attention_mask, positions, options);
+}
+
+TargetLogprobs response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                 const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                 const LogprobOptions& options) {
+  const torch::Tensor positions = target_positions(on_host(loss_mask), model->lm_head_weight().device());
+  return scattered(logprobs_at(model, input_ids, attention_mask, positions, options), positions, loss_mask.sizes());
+}
+
+TargetLogprobs shared_prompt_response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                               const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                               const std::vector<int64_t>& prompt_lengths,
+                                               const LogprobOptions& options) {
+  const auto device = model->lm_head_weight().device();
+  return scattered(shared_prompt_target_logprobs(model, input_ids, attention_mask, loss_mask, prompt_lengths, options),
+                   target_positions(on_host(loss_mask), device), loss_mask.sizes());
 }
 
 namespace {
@@ -216,8 +258,8 @@ std::vector<int64_t> row_lengths(const torch::TensorAccessor<int64_t, 2>& is_rea
 
 SharedPromptBatch shared_prompt_batch(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                       const std::vector<int64_t>& prompt_lengths) {
-  const torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();
-  const torch::Tensor real = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();
+  const torch::Tensor ids = on_host(input_ids).to(torch::kInt64).contiguous();
+  const torch::Tensor real = on_host(attention_mask).to(torch::kInt64).contiguous();
   const auto id = ids.accessor<int64_t, 2>();
   const std::vector<int64_t> lengths = row_lengths(real.accessor<int64_t, 2>(), prompt_lengths);
   const int64_t rows = ids.size(0);
@@ -265,12 +307,13 @@ std::vector<int64_t> values_of(const torch::Tensor& tensor) {
   return {tensor.data_ptr<int64_t>(), tensor.data_ptr<int64_t>() + tensor.numel()};
 }
 
+// (Host tensors.)
 SharedTargets shared_targets(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                              const torch::Tensor& loss_mask, const std::vector<int64_t>& prompt_lengths) {
   SharedTargets out;
   out.batch = shared_prompt_batch(input_ids, attention_mask, prompt_lengths);
-  const torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();
-  const torch::Tensor targets = loss_mask.to(torch::kCPU, torch::kBool).contiguous();
+  const torch::Tensor ids = input_ids.to(torch::kInt64).contiguous();
+  const torch::Tensor targets = loss_mask.to(torch::kBool).contiguous();
   const auto id = ids.accessor<int64_t, 2>();
   const auto is_target = targets.accessor<bool, 2>();
   const std::vector<int64_t> row_prompt = values_of(out.batch.row_prompt);
@@ -321,16 +364,18 @@ SharedTargets shared_targets(const torch::Tensor& input_ids, const torch::Tensor
 
 }  // namespace
 
-torch::Tensor shared_prompt_target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
-                                            const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                            const std::vector<int64_t>& prompt_lengths, const LogprobOptions& options,
-                                            double* entropy_sum, torch::Tensor* entropy) {
-  const SharedTargets targets = shared_targets(input_ids, attention_mask, loss_mask, prompt_lengths);
+TargetLogprobs shared_prompt_target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                             const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                             const std::vector<int64_t>& prompt_lengths,
+                                             const LogprobOptions& options) {
+  const torch::Tensor host_ids = on_host(input_ids), host_attention = on_host(attention_mask);
+  const SharedTargets targets = shared_targets(host_ids, host_attention, on_host(loss_mask), prompt_lengths);
   if (targets.order.empty()) {  // no targets: target_logprobs's empty result, tied to the weights as there
-    return target_logprobs(model, input_ids, attention_mask, loss_mask, options, entropy_sum, entropy);
+    return target_logprobs(model, host_ids, host_attention, loss_mask, options);
   }
+  check_token_ids(host_ids, model->lm_head_weight().size(0), "shared-prompt log-probs");
   const auto device = model->lm_head_weight().device();
-  const auto on = torch::TensorOptions().device(device).dtype(torch::kInt64);
+  const auto index = [&](const std::vector<int64_t>& values) { return host_door::to_device(values, device); };
   torch::Tensor hidden;  // [packed tokens, H]
   {
     const AutocastGuard autocast(device, options.autocast);
@@ -339,38 +384,38 @@ torch::Tensor shared_prompt_target_logprobs(Qwen2ForCausalLM& model, const torch
   torch::Tensor lm_head = model->lm_head_weight();
   if (options.autocast) lm_head = lm_head.to(*options.autocast);  // as target_logprobs: the product in that dtype
   const auto cast = [&](const torch::Tensor& x) { return options.autocast ? x.to(*options.autocast) : x; };
-  const bool with_entropy = entropy_sum != nullptr || entropy != nullptr;
   std::vector<torch::Tensor> logp, entropies;
   if (!targets.first_prompt.empty()) {
     // The logits of each prompt's last position once [prompts, V], log-softmax in float32 (float64 for float64), then
     // one value per row that reads it.
-    const torch::Tensor logits =
-        at::linear(cast(hidden.index_select(0, torch::tensor(targets.last_rows, on))), lm_head);
+    const torch::Tensor logits = at::linear(cast(hidden.index_select(0, index(targets.last_rows))), lm_head);
     const torch::Tensor scaled =
         logits.to(logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32) / options.temperature;
     const torch::Tensor all = torch::log_softmax(scaled, -1);
-    const torch::Tensor which = torch::tensor(targets.first_prompt, on);
-    logp.push_back(all.index({which, torch::tensor(targets.first_token, on)}));
-    if (with_entropy) entropies.push_back((-(all.exp() * all).sum(-1)).index_select(0, which));
+    const torch::Tensor which = index(targets.first_prompt);
+    logp.push_back(all.index({which, index(targets.first_token)}));
+    if (options.with_entropy) entropies.push_back((-(all.exp() * all).sum(-1)).index_select(0, which));
   }
   if (!targets.rest_rows.empty()) {
-    const auto out = dapo::linear_logprobs(
-        cast(hidden.index_select(0, torch::tensor(targets.rest_rows, on))), lm_head,
-        torch::tensor(targets.rest_token, on),
-        {.chunk_size = options.chunk_size, .temperature = options.temperature, .with_entropy = with_entropy});
+    const auto out = dapo::linear_logprobs(cast(hidden.index_select(0, index(targets.rest_rows))), lm_head,
+                                           index(targets.rest_token),
+                                           {.chunk_size = options.chunk_size,
+                                            .temperature = options.temperature,
+                                            .with_entropy = options.with_entropy,
+                                            .check_targets = false});  // checked on the host (check_token_ids)
     logp.push_back(out.logp);
-    if (with_entropy) entropies.push_back(out.entropy);
+    if (options.with_entropy) entropies.push_back(out.entropy);
   }
   const torch::ScalarType dtype = logp.back().scalar_type();
   for (auto& part : logp) part = part.to(dtype);
   for (auto& part : entropies) part = part.to(dtype);
-  const torch::Tensor order = torch::tensor(targets.order, on);
-  if (with_entropy) {
-    const torch::Tensor values = torch::cat(entropies).index_select(0, order);
-    if (entropy_sum != nullptr) *entropy_sum += values.detach().sum().item<double>();
-    if (entropy != nullptr) *entropy = values;
+  const torch::Tensor order = index(targets.order);
+  TargetLogprobs out{torch::cat(logp).index_select(0, order), {}, {}};
+  if (options.with_entropy) {
+    out.entropy = torch::cat(entropies).index_select(0, order);
+    out.entropy_sum = out.entropy.detach().sum();
   }
-  return torch::cat(logp).index_select(0, order);
+  return out;
 }
 
 }  // namespace qwen

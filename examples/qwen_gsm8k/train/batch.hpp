@@ -38,13 +38,14 @@ PaddedBatch pad_rows(const std::vector<BatchRow>& rows, int64_t pad_id);
 struct TrainBatch {
   PaddedBatch padded;
   torch::Tensor advantages;  // [B] float32
-  torch::Tensor old_logp;    // [B, L - 1] float32 (float64 for a float64 model), 0 outside loss_mask; set by the update
+  // [B, L - 1] float32 (float64 for a float64 model), 0 outside loss_mask; set by the update, on the model's device.
+  torch::Tensor old_logp;
   int64_t groups = 0, group_size = 0;
   // [B, L - 1] float32: the sampler's log-probs of the response tokens (Response::logprobs), 0 elsewhere; undefined
   // when a response has none (rollouts given by a test).
   torch::Tensor rollout_logp = {};
-  // Set by the update when asked for: the reference policy's log-probs (a KL loss) [B, L - 1], as old_logp; rollout
-  // correction's IS weights [B, L - 1] float32 (undefined: none).
+  // Set by the update when asked for, on the model's device: the reference policy's log-probs (a KL loss) [B, L - 1],
+  // as old_logp; rollout correction's IS weights [B, L - 1] float32 (undefined: none). The rest lives on the host.
   torch::Tensor ref_logp = {}, is_weights = {};
 };
 
@@ -56,44 +57,50 @@ TrainBatch build_train_batch(const std::vector<Group>& groups, int64_t group_siz
                              dapo::AdvantageEstimator estimator = dapo::AdvantageEstimator::kGrpo);
 
 struct LogprobOptions {
-  double temperature = 1.0;                   // log-probs of softmax(logits / temperature)
-  int64_t chunk_size = 1024;                  // rows of lm-head logits alive at once (dapo::linear_logprobs)
-  std::optional<torch::ScalarType> autocast;  // forward (and the lm-head product) in this dtype
+  double temperature = 1.0;   // log-probs of softmax(logits / temperature)
+  int64_t chunk_size = 1024;  // rows of lm-head logits alive at once (dapo::linear_logprobs)
+  std::optional<torch::ScalarType> autocast = std::nullopt;  // forward (and the lm-head product) in this dtype
+  bool with_entropy = false;  // also the entropy of softmax(logits / temperature) at each target
 };
 
-// Log-probs of the loss_mask targets under the model, [N] in loss_mask's row-major order, on the model's device; with
-// grad when grad mode is on. entropy_sum, when given, adds up the entropy at those positions; entropy, when given,
-// receives it per target [N] (with grad when grad mode is on: an entropy term of the loss).
-torch::Tensor target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,  // [B, L]
-                              const torch::Tensor& attention_mask,                      // [B, L]
-                              const torch::Tensor& loss_mask,                           // [B, L - 1]
-                              const LogprobOptions& options, double* entropy_sum = nullptr,
-                              torch::Tensor* entropy = nullptr);
+// The log-probs of a batch's loss_mask targets, on the model's device, with grad when grad mode is on.
+struct TargetLogprobs {
+  torch::Tensor logp;         // [N] in loss_mask's row-major order, or [B, L - 1] with 0 outside loss_mask
+  torch::Tensor entropy;      // the same shape (with grad: an entropy term of the loss); undefined without with_entropy
+  torch::Tensor entropy_sum;  // 0-d, detached: the entropy added up over the targets; undefined without with_entropy
+};
 
-// target_logprobs with each distinct prompt among the rows computed once (the shared-prompt forward,
-// Qwen2ModelImpl::forward_shared): rows whose first prompt_lengths[b] tokens are the same (a group's G responses)
-// share them; every other position is each row's own. The logits at a prompt's last position, which predict each of
-// its rows' first response token, are computed once too. Tensors on the host, rows right-padded; every loss_mask
-// target must be a response token (position >= prompt length - 1): std::invalid_argument naming the row otherwise.
-// The same log-probs (and entropy) as target_logprobs within rounding: the products are the same, summed in
-// another order.
+// Log-probs of the loss_mask targets under the model, [N]. The rows go to the model's device through host_door (input
+// ids, attention mask and the targets' positions: copies, no wait); the host decides from its own values whether the
+// rows are right-padded, where the targets are and that their ids are in the vocabulary. Tensors on a device are read
+// back first (one counted read each): pass the host's.
+TargetLogprobs target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,  // [B, L]
+                               const torch::Tensor& attention_mask,                      // [B, L]
+                               const torch::Tensor& loss_mask,                           // [B, L - 1]
+                               const LogprobOptions& options);
+
 // The rows (right-padded, on the host) as the shared-prompt forward takes them: one prompt per distinct prompt
 // (its first prompt_lengths[b] tokens), in order of first appearance, and every row's response.
 SharedPromptBatch shared_prompt_batch(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                       const std::vector<int64_t>& prompt_lengths);
-torch::Tensor shared_prompt_target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
-                                            const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                            const std::vector<int64_t>& prompt_lengths, const LogprobOptions& options,
-                                            double* entropy_sum = nullptr, torch::Tensor* entropy = nullptr);
+
+// target_logprobs with each distinct prompt among the rows computed once (the shared-prompt forward,
+// Qwen2ModelImpl::forward_shared): rows whose first prompt_lengths[b] tokens are the same (a group's G responses)
+// share them; every other position is each row's own. The logits at a prompt's last position, which predict each of
+// its rows' first response token, are computed once too. Rows right-padded; every loss_mask target must be a response
+// token (position >= prompt length - 1): std::invalid_argument naming the row otherwise. The same log-probs (and
+// entropy) as target_logprobs within rounding: the products are the same, summed in another order.
+TargetLogprobs shared_prompt_target_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                             const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                             const std::vector<int64_t>& prompt_lengths, const LogprobOptions& options);
 
 // The same, scattered back to [B, L - 1] with 0 outside loss_mask (entropy too).
-torch::Tensor response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
-                                const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                const LogprobOptions& options, double* entropy_sum = nullptr,
-                                torch::Tensor* entropy = nullptr);
-torch::Tensor shared_prompt_response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
-                                              const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
-                                              const std::vector<int64_t>& prompt_lengths, const LogprobOptions& options,
-                                              double* entropy_sum = nullptr, torch::Tensor* entropy = nullptr);
+TargetLogprobs response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                 const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                 const LogprobOptions& options);
+TargetLogprobs shared_prompt_response_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& input_ids,
+                                               const torch::Tensor& attention_mask, const torch::Tensor& loss_mask,
+                                               const std::vector<int64_t>& prompt_lengths,
+                                               const LogprobOptions& options);
 
 }  // namespace qwen

@@ -38,6 +38,11 @@ void clip(const std::vector<torch::Tensor>& gradients, const torch::Tensor& norm
 #endif
 }
 
+// [norm, values...] float64 on the values' device.
+torch::Tensor with_values(const torch::Tensor& norm, const torch::Tensor& values) {
+  return torch::cat({norm.to(values.options()).reshape(1), values.reshape(-1)});
+}
+
 }  // namespace
 
 ClippedAdamW::ClippedAdamW(const std::vector<torch::Tensor>& parameters, const torch::optim::AdamWOptions& options)
@@ -58,6 +63,17 @@ bool ClippedAdamW::fused() {
 }
 
 torch::Tensor ClippedAdamW::clip_and_step(double max_norm) {
+  return clip_step(max_norm, torch::Tensor()).norm;
+}
+
+torch::Tensor ClippedAdamW::step_and_read(double max_norm, const torch::Tensor& values) {
+  const Stepped stepped = clip_step(max_norm, values);
+  const torch::Tensor read = stepped.read.defined() ? stepped.read : host_door::read(with_values(stepped.norm, values));
+  applied(std::isfinite(read.data_ptr<double>()[0]));
+  return read;
+}
+
+ClippedAdamW::Stepped ClippedAdamW::clip_step(double max_norm, const torch::Tensor& values) {
   DAPO_REQUIRE(stepped_.empty(), "qwen::ClippedAdamW::clip_and_step",
                "the last step was not settled: call applied() once its norm is read");
   torch::NoGradGuard no_grad;
@@ -69,15 +85,16 @@ torch::Tensor ClippedAdamW::clip_and_step(double max_norm) {
       gradients.push_back(parameter.grad());
     }
   }
-  if (parameters.empty()) return torch::zeros({}, torch::kFloat32);
+  if (parameters.empty()) return {torch::zeros({}, torch::kFloat32), {}};
   const torch::Tensor norm = total_norm(gradients);
   clip(gradients, norm, max_norm);
   if (fused()) {
     fused_step(parameters, gradients, norm);
-  } else if (std::isfinite(host_door::read(norm).item<double>())) {
-    torch::optim::AdamW::step();
+    return {norm, {}};
   }
-  return norm;
+  const torch::Tensor read = host_door::read(values.defined() ? with_values(norm, values) : norm);
+  if (std::isfinite(read.to(torch::kFloat64).data_ptr<double>()[0])) torch::optim::AdamW::step();
+  return {norm, values.defined() ? read : torch::Tensor()};
 }
 
 void ClippedAdamW::fused_step(const std::vector<torch::Tensor>& parameters, const std::vector<torch::Tensor>& gradients,

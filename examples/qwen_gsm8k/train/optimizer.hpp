@@ -31,10 +31,21 @@ class ClippedAdamW : public torch::optim::AdamW {
   // Once the norm has been read: whether the step applied (a finite norm). The step counts a checkpoint saves are
   // settled here; call it before the next clip_and_step.
   void applied(bool finite);
+  // clip_and_step and applied() around the step's one read: the norm (float64) and `values` (float64 [n] on the
+  // parameters' device, e.g. the step's metrics) come back together, as a host tensor [1 + n], the norm first. On
+  // LibTorch 1.13 the read comes before AdamW's step (the host decides whether to take it), on 2.4 and later after the
+  // fused step is queued: one read either way.
+  torch::Tensor step_and_read(double max_norm, const torch::Tensor& values);
 
   void load(torch::serialize::InputArchive& archive) override;
 
  private:
+  // clip_and_step; on 1.13, where the norm is read before the step, `values` (when defined) ride in that read.
+  struct Stepped {
+    torch::Tensor norm;
+    torch::Tensor read;  // [1 + n] on the host when the step read the norm and values; undefined otherwise
+  };
+  Stepped clip_step(double max_norm, const torch::Tensor& values);
   void fused_step(const std::vector<torch::Tensor>& parameters, const std::vector<torch::Tensor>& gradients,
                   const torch::Tensor& norm);
 

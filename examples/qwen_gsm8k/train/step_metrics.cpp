@@ -107,6 +107,8 @@ void add_update_metrics(nlohmann::json& row, const UpdateMetrics& update) {
   row["actor/pg_clipfrac_by_update"] = update.clip_fraction_by_update;  // a list: metrics.jsonl only
   row["actor/skipped_updates"] = update.skipped_updates;
   row["perf/update_tokens_per_second"] = update.tokens_per_second;
+  row["perf/update_host_reads"] = update.host_reads;
+  row["perf/update_host_copies"] = update.host_copies;
   if (update.kl_loss) row["actor/kl_loss"] = *update.kl_loss;
   if (const auto& diff = update.rollout_probs_diff) {
     row["training/rollout_probs_diff_max"] = (*diff)[0];

@@ -25,22 +25,31 @@ struct PolicyUpdate::Sums {
   double entropy_tokens = 0;                                // the loss tokens the old policy's entropy was taken on
   int64_t skipped = 0;                                      // updates whose gradient norm was not finite
   std::vector<double> clipped_by_update, tokens_by_update;  // clipped tokens and all tokens, per update
-  // The entropy of each micro-batch under the old policy, in plan order (the first mini-batch's come from its first
-  // update), added up in that order into `entropy`.
-  std::vector<std::vector<double>> entropy_by_micro_batch;
+  // The entropy of each micro-batch under the old policy (0-d, on the device), in plan order (the first mini-batch's
+  // come from its first update): read after the updates and added up in that order into `entropy`.
+  std::vector<std::vector<torch::Tensor>> entropy_by_micro_batch;
 };
+
+namespace {
+
+// The rows as an index on `device`: made on the host, copied through host_door where the device is not the CPU.
+torch::Tensor row_index(const std::vector<int64_t>& rows, torch::Device device) {
+  return device.is_cpu() ? torch::tensor(rows, torch::kInt64) : host_door::to_device(rows, device);
+}
+
+}  // namespace
 
 torch::Tensor MicroBatch::take(const torch::Tensor& tensor) const {
   if (rows.empty()) return tensor.narrow(0, 0, 0);
   if (rows.back() - rows.front() + 1 == static_cast<int64_t>(rows.size())) {
     return tensor.narrow(0, rows.front(), static_cast<int64_t>(rows.size()));
   }
-  return tensor.index_select(0, torch::tensor(rows, torch::kInt64).to(tensor.device()));
+  return tensor.index_select(0, row_index(rows, tensor.device()));
 }
 
 void MicroBatch::put(const torch::Tensor& into, const torch::Tensor& values) const {
   const torch::Tensor source = values.to(into.device(), into.scalar_type());
-  into.narrow(1, 0, values.size(1)).index_copy_(0, torch::tensor(rows, torch::kInt64).to(into.device()), source);
+  into.narrow(1, 0, values.size(1)).index_copy_(0, row_index(rows, into.device()), source);
 }
 
 MicroBatching MicroBatching::from(const TrainOptions& options) {
@@ -161,24 +170,25 @@ LogprobOptions PolicyUpdate::logprob_options() const {
           .autocast = options.autocast};
 }
 
-torch::Tensor micro_batch_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
-                                   const LogprobOptions& options, bool shared_prompt, double* entropy_sum,
-                                   torch::Tensor* entropy) {
+TargetLogprobs micro_batch_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
+                                    const LogprobOptions& options, bool shared_prompt) {
   const torch::Tensor ids = micro.take(padded.input_ids).narrow(1, 0, micro.length);
   const torch::Tensor attention = micro.take(padded.attention_mask).narrow(1, 0, micro.length);
   const torch::Tensor mask = micro.take(padded.loss_mask).narrow(1, 0, micro.length - 1);
   if (!shared_prompt || padded.prompt_lengths.empty()) {
-    return response_logprobs(policy, ids, attention, mask, options, entropy_sum, entropy);
+    return response_logprobs(policy, ids, attention, mask, options);
   }
   std::vector<int64_t> prompt_lengths;
   prompt_lengths.reserve(micro.rows.size());
   for (const int64_t row : micro.rows) prompt_lengths.push_back(padded.prompt_lengths[static_cast<std::size_t>(row)]);
-  return shared_prompt_response_logprobs(policy, ids, attention, mask, prompt_lengths, options, entropy_sum, entropy);
+  return shared_prompt_response_logprobs(policy, ids, attention, mask, prompt_lengths, options);
 }
 
-torch::Tensor PolicyUpdate::micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
-                                           double* entropy_sum, torch::Tensor* entropy) const {
-  return micro_batch_logprobs(policy, padded, micro, logprob_options(), options.shared_prompt, entropy_sum, entropy);
+TargetLogprobs PolicyUpdate::micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded,
+                                            const MicroBatch& micro, bool with_entropy) const {
+  LogprobOptions logprobs = logprob_options();
+  logprobs.with_entropy = with_entropy;
+  return micro_batch_logprobs(policy, padded, micro, logprobs, options.shared_prompt);
 }
 
 // Without grad, on the same micro-batch slices the updates use, for every mini-batch but the first: nothing has
@@ -190,15 +200,15 @@ void PolicyUpdate::compute_old_logprobs(TrainBatch& batch, const std::vector<Min
   // linear_logprobs computes in float32 for float32 and half-precision weights, in float64 for float64 ones.
   const bool float64 = model->lm_head_weight().scalar_type() == torch::kFloat64;
   const PaddedBatch& padded = batch.padded;
-  batch.old_logp = torch::zeros(padded.loss_mask.sizes(), float64 ? torch::kFloat64 : torch::kFloat32);
+  batch.old_logp = torch::zeros(padded.loss_mask.sizes(),
+                                model->lm_head_weight().options().dtype(float64 ? torch::kFloat64 : torch::kFloat32));
   sums.entropy_by_micro_batch.assign(plan.size(), {});
   torch::NoGradGuard no_grad;
   for (std::size_t m = first_too ? 0 : 1; m < plan.size(); ++m) {
     for (const MicroBatch& micro : plan[m].logprob_micro_batches) {
-      double entropy = 0.0;
-      const torch::Tensor logp = micro_logprobs(model, padded, micro, &entropy);
-      micro.put(batch.old_logp, logp);
-      sums.entropy_by_micro_batch[m].push_back(entropy);
+      const TargetLogprobs out = micro_logprobs(model, padded, micro, /*with_entropy=*/true);
+      micro.put(batch.old_logp, out.logp);
+      sums.entropy_by_micro_batch[m].push_back(out.entropy_sum);
     }
   }
 }
@@ -210,19 +220,16 @@ void PolicyUpdate::compute_ref_logprobs(TrainBatch& batch, const std::vector<Min
   torch::NoGradGuard no_grad;
   for (const MiniBatch& mini : plan) {
     for (const MicroBatch& micro : mini.logprob_micro_batches) {
-      const torch::Tensor logp = micro_logprobs(*reference, padded, micro);
-      micro.put(batch.ref_logp, logp);
+      micro.put(batch.ref_logp, micro_logprobs(*reference, padded, micro).logp);
     }
   }
 }
 
-// Every rank computed the old log-probs of its own rows (0 elsewhere): their sum is the whole batch's.
+// Every rank computed the old log-probs of its own rows (0 elsewhere): their sum is the whole batch's (exact: one
+// term of each sum is not 0). Summed where they are, on the device.
 void PolicyUpdate::gather_old_logprobs(TrainBatch& batch) const {
-  if (communicator.world_size() == 1) return;
-  const torch::Tensor local = batch.old_logp.to(torch::kFloat64).contiguous();
-  const std::vector<double> summed = communicator.all_reduce_sum(
-      std::vector<double>(local.data_ptr<double>(), local.data_ptr<double>() + local.numel()));
-  batch.old_logp.copy_(torch::tensor(summed, torch::kFloat64).view(local.sizes()));
+  std::vector<torch::Tensor> tensors{batch.old_logp};
+  communicator.all_reduce_sum(tensors);
 }
 
 // Rollout correction over the whole batch (every rank the same): IS weights into batch.is_weights, rejection into the
@@ -232,12 +239,14 @@ std::map<std::string, double> PolicyUpdate::correct_rollouts(TrainBatch& batch) 
     throw std::invalid_argument(
         "rollout correction: the rollouts carry no log-probs (rollout_is, rollout_rs need them)");
   }
+  // Computed on the host (the library's rollout correction is), from one read of the old log-probs.
+  const torch::Tensor old_logp = host_door::read(batch.old_logp);
   const torch::Tensor mask = batch.padded.loss_mask.to(torch::kFloat64);
-  const torch::Tensor log_ratio = (batch.old_logp.to(torch::kFloat64) - batch.rollout_logp.to(torch::kFloat64)) * mask;
+  const torch::Tensor log_ratio = (old_logp.to(torch::kFloat64) - batch.rollout_logp.to(torch::kFloat64)) * mask;
   std::map<std::string, double> metrics;
   if (const auto is = options.extras.rollout_is_options()) {
     dapo::RolloutCorrection out = dapo::rollout_is_weights(log_ratio, mask, *is);
-    batch.is_weights = out.values.to(batch.old_logp.scalar_type());
+    batch.is_weights = host_door::to_device(out.values.to(old_logp.scalar_type()), batch.old_logp.device());
     metrics.merge(out.metrics);
   }
   if (const auto rs = options.extras.rollout_rs_options(); !rs.empty()) {
@@ -248,16 +257,19 @@ std::map<std::string, double> PolicyUpdate::correct_rollouts(TrainBatch& batch) 
   return metrics;
 }
 
-// verl's training/rollout_probs_diff_max|mean|std over the loss tokens; old_logp is the whole batch's.
-std::optional<std::array<double, 3>> PolicyUpdate::rollout_probs_diff(const TrainBatch& batch) const {
-  if (!batch.rollout_logp.defined()) return std::nullopt;
-  const torch::Tensor mask = batch.padded.loss_mask;
-  const torch::Tensor diff = (batch.old_logp.to(torch::kFloat64).exp() - batch.rollout_logp.to(torch::kFloat64).exp())
-                                 .abs()
-                                 .masked_select(mask);
-  if (diff.numel() == 0) return std::array<double, 3>{0.0, 0.0, 0.0};
-  return std::array<double, 3>{diff.max().item<double>(), diff.mean().item<double>(),
-                               diff.numel() > 1 ? diff.std().item<double>() : 0.0};
+// verl's training/rollout_probs_diff_max|mean|std over the loss tokens, [3] float64 on the device (read with the
+// step's entropy); old_logp is the whole batch's. Undefined when the rollouts carry no log-probs.
+torch::Tensor PolicyUpdate::rollout_probs_diff(const TrainBatch& batch) const {
+  if (!batch.rollout_logp.defined()) return {};
+  const auto device = batch.old_logp.device();
+  const auto on = torch::TensorOptions().device(device).dtype(torch::kFloat64);
+  // The loss tokens' positions, found on the host; the sampler's log-probs there go to the device.
+  const torch::Tensor positions = batch.padded.loss_mask.reshape(-1).nonzero().reshape(-1);
+  if (positions.numel() == 0) return torch::zeros({3}, on);
+  const torch::Tensor rollout = host_door::to_device(batch.rollout_logp.reshape(-1).index_select(0, positions), device);
+  const torch::Tensor old = batch.old_logp.reshape(-1).index_select(0, host_door::to_device(positions, device));
+  const torch::Tensor diff = (old.to(torch::kFloat64).exp() - rollout.to(torch::kFloat64).exp()).abs();
+  return torch::stack({diff.max(), diff.mean(), diff.numel() > 1 ? diff.std() : torch::zeros({}, on)});
 }
 
 void release_gradients(const std::vector<torch::Tensor>& parameters) {
@@ -306,49 +318,47 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   // The update's metrics stay on the device, in float64, until the one read after the optimizer step: the loss, the
   // clipped tokens and the KL loss summed over the micro-batches, and each micro-batch's dual-clipped tokens and
   // approximate KL (added to the step's sums in order if the update is applied).
+  const auto device = model->lm_head_weight().device();
   const torch::Tensor zero = torch::zeros({}, model->lm_head_weight().options().dtype(torch::kFloat64));
   torch::Tensor loss = zero, clipped = zero, kl_sum = zero;
   std::vector<torch::Tensor> dual_clipped, kl;
   const auto as_double = [](const torch::Tensor& value) { return value.detach().to(torch::kFloat64); };
+  // The batch's masks, advantages and the aggregation's weights live on the host (the plans read them): each
+  // micro-batch's rows go to the device through host_door; the log-probs and IS weights live on the device.
+  const auto to_device = [&](const torch::Tensor& host) { return host_door::to_device(host, device); };
   for (const MicroBatch& micro : mini.micro_batches) {
     RECORD_USER_SCOPE(kMicroBatchScope);
-    const auto rows = [&](const torch::Tensor& tensor) { return micro.take(tensor); };
-    const torch::Tensor mask = rows(padded.loss_mask).narrow(1, 0, micro.length - 1);
-    double entropy = 0.0;
-    torch::Tensor token_entropy;
-    const torch::Tensor logp =
-        micro_logprobs(model, padded, micro, first ? &entropy : nullptr, entropy_term ? &token_entropy : nullptr);
+    const auto rows = [&](const torch::Tensor& tensor) { return micro.take(tensor).narrow(1, 0, micro.length - 1); };
+    const torch::Tensor host_mask = rows(padded.loss_mask);
+    const TargetLogprobs current = micro_logprobs(model, padded, micro, /*with_entropy=*/first || entropy_term);
+    const torch::Tensor& logp = current.logp;
     if (first) {
       micro.put(batch.old_logp, logp.detach());
-      sums.entropy_by_micro_batch.front().push_back(entropy);
+      sums.entropy_by_micro_batch.front().push_back(current.entropy_sum);
     }
-    const torch::Tensor old_logp = rows(batch.old_logp).narrow(1, 0, micro.length - 1);
-    const auto device = logp.device();
-    torch::Tensor weights =
-        batch.is_weights.defined() ? rows(batch.is_weights).narrow(1, 0, micro.length - 1).to(device) : torch::Tensor();
+    torch::Tensor weights = batch.is_weights.defined() ? rows(batch.is_weights) : torch::Tensor();
     const torch::Tensor token_weights =  // the aggregation's, when it is taken from the whole mini-batch
-        mini_weights.defined() ? mini_rows(micro, mini_weights).narrow(1, 0, micro.length - 1).to(device)
+        mini_weights.defined() ? to_device(mini_rows(micro, mini_weights).narrow(1, 0, micro.length - 1))
                                : torch::Tensor();
     if (token_weights.defined() && share_options.aggregation == dapo::LossAggregation::kTokenSum) {
       weights = weights.defined() ? weights * token_weights : token_weights;
     }
-    const auto out = dapo::policy_loss(logp, old_logp.to(device), rows(batch.advantages).to(device), mask.to(device),
-                                       share_options, weights);
+    const auto out = dapo::policy_loss(logp, rows(batch.old_logp), to_device(micro.take(batch.advantages)),
+                                       to_device(host_mask), share_options, weights);
     torch::Tensor total = out.loss;
     if (kl_loss || entropy_term) {
       const torch::Tensor term_weights =
           token_weights.defined() ? token_weights
-                                  : dapo::aggregation_weights(mask, term_options, logp.scalar_type()).to(device);
+                                  : to_device(dapo::aggregation_weights(host_mask, term_options, logp.scalar_type()));
       if (kl_loss) {
-        const torch::Tensor ref_logp = rows(batch.ref_logp).narrow(1, 0, micro.length - 1).to(device);
-        const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, ref_logp, penalty)).sum();
+        const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, rows(batch.ref_logp), penalty)).sum();
         kl_sum = kl_sum + as_double(kl);
         total = total + options.extras.kl_loss_coef * kl;
       }
-      if (entropy_term) total = total - options.extras.entropy_coeff * (term_weights * token_entropy).sum();
+      if (entropy_term) total = total - options.extras.entropy_coeff * (term_weights * current.entropy).sum();
     }
     total.backward();
-    const double micro_tokens = mask.sum().item<double>();  // the host's mask
+    const double micro_tokens = host_mask.sum().item<double>();  // the host's mask
     loss = loss + as_double(out.loss);
     clipped = clipped + as_double(out.clip_fraction) * micro_tokens;
     dual_clipped.push_back(as_double(out.dual_clip_fraction) * micro_tokens);
@@ -359,17 +369,15 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   // A NaN or infinity anywhere in the summed gradient (every rank sees the same norm) skips the update, as verl's
   // actor does, so that neither the weights nor AdamW's moments take it in (train/optimizer.hpp).
-  const torch::Tensor norm = optimizer.clip_and_step(options.grad_clip);
   // The update's one read: the norm (whether the step applied) and the metrics, laid out as `at` names them.
   enum Slot : std::ptrdiff_t { kNorm, kLoss, kClipped, kKlLoss, kPerMicroBatch };
-  std::vector<torch::Tensor> values{as_double(norm), loss, clipped, kl_sum};
+  std::vector<torch::Tensor> values{loss, clipped, kl_sum};
   values.insert(values.end(), dual_clipped.begin(), dual_clipped.end());
   values.insert(values.end(), kl.begin(), kl.end());
-  const torch::Tensor read = host_door::read(torch::stack(values));
+  const torch::Tensor read = optimizer.step_and_read(options.grad_clip, torch::stack(values));
   const auto micro_batches = static_cast<std::ptrdiff_t>(dual_clipped.size());
   const auto at = [&](std::ptrdiff_t slot) { return read.data_ptr<double>()[slot]; };
   const double grad_norm = at(kNorm);
-  optimizer.applied(std::isfinite(grad_norm));
   release_gradients(model->parameters());
   sums.lr = lr;
   sums.tokens_by_update.push_back(mini.counts.tokens);
@@ -386,10 +394,24 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   sums.clipped_by_update.push_back(at(kClipped));
 }
 
-UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
+std::optional<std::array<double, 3>> PolicyUpdate::read_after_updates(Sums& sums,
+                                                                      const torch::Tensor& probs_diff) const {
+  std::vector<torch::Tensor> values;
   for (const auto& mini : sums.entropy_by_micro_batch) {
-    for (const double entropy : mini) sums.entropy += entropy;
+    for (const torch::Tensor& entropy : mini) values.push_back(entropy.to(torch::kFloat64).reshape(1));
   }
+  if (probs_diff.defined()) values.push_back(probs_diff);
+  if (values.empty()) return std::nullopt;
+  const torch::Tensor read = host_door::read(torch::cat(values));
+  const double* value = read.data_ptr<double>();
+  for (const auto& mini : sums.entropy_by_micro_batch) {
+    for (std::size_t i = 0; i < mini.size(); ++i) sums.entropy += *value++;
+  }
+  if (!probs_diff.defined()) return std::nullopt;
+  return std::array<double, 3>{value[0], value[1], value[2]};
+}
+
+UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
   std::vector<double> totals{sums.dual_clipped, sums.kl, sums.loss, sums.entropy, sums.kl_loss};
   constexpr std::ptrdiff_t kFixed = 5;
   totals.insert(totals.end(), sums.clipped_by_update.begin(), sums.clipped_by_update.end());
@@ -420,6 +442,7 @@ UpdateMetrics PolicyUpdate::reduce(const TrainBatch& batch, Sums& sums) const {
 
 UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
   const auto started = std::chrono::steady_clock::now();
+  const host_door::Counts door = host_door::counts();
   const MicroBatching cut = MicroBatching::from(options);
   const auto [own_begin, own_end] = communicator.shard(cut.mini_groups);
   const std::vector<MiniBatch> plan = plan_mini_batches(batch, cut, own_begin, own_end);
@@ -434,7 +457,7 @@ UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
     if (reference == nullptr) throw std::logic_error("policy update: kl_loss_coef > 0 needs a reference model");
     compute_ref_logprobs(batch, plan);
   }
-  std::optional<std::array<double, 3>> probs_diff;
+  torch::Tensor probs_diff;  // [3] on the device, read after the updates
   std::map<std::string, double> correction;
   std::vector<MiniBatch> corrected_plan;
   if (correct) {
@@ -452,13 +475,17 @@ UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
                         sums);
     }
   }
-  UpdateMetrics metrics = reduce(batch, sums);
   if (!correct) {
     gather_old_logprobs(batch);
     probs_diff = rollout_probs_diff(batch);
   }
-  metrics.rollout_probs_diff = probs_diff;
+  // The step's one read after its updates (each update reads once): the entropy and the probabilities' gap.
+  const std::optional<std::array<double, 3>> probs_diff_values = read_after_updates(sums, probs_diff);
+  UpdateMetrics metrics = reduce(batch, sums);
+  metrics.rollout_probs_diff = probs_diff_values;
   metrics.rollout_correction = std::move(correction);
+  metrics.host_reads = host_door::counts().reads - door.reads;
+  metrics.host_copies = host_door::counts().copies - door.copies;
   metrics.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   metrics.tokens_per_second = batch.padded.attention_mask.sum().item<double>() *
                               static_cast<double>(options.ppo_epochs + 1) / std::max(metrics.seconds, 1e-9);

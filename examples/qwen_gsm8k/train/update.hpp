@@ -87,9 +87,9 @@ std::vector<std::vector<int64_t>> pack_rows_by_tokens(const std::vector<int64_t>
 // A micro-batch's log-probs [rows, length - 1] under `policy`, 0 outside its loss mask (entropy likewise), as every
 // pass of the update computes them: with the shared-prompt forward (each distinct prompt among its rows once,
 // TrainOptions::shared_prompt) when `shared_prompt` and the batch has its rows' prompt lengths, else each row whole.
-torch::Tensor micro_batch_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
-                                   const LogprobOptions& options, bool shared_prompt, double* entropy_sum = nullptr,
-                                   torch::Tensor* entropy = nullptr);
+// The batch stays on the host; the micro-batch's rows go to the policy's device through host_door.
+TargetLogprobs micro_batch_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
+                                    const LogprobOptions& options, bool shared_prompt);
 
 // Gradients set to none (PyTorch's zero_grad(set_to_none=True); LibTorch 1.13's zero_grad only zeroes them): their
 // memory, as much as the weights', goes back, so rollouts and the no-grad passes never hold it; the next backward
@@ -106,6 +106,9 @@ struct UpdateMetrics {
   int64_t skipped_updates = 0;                    // updates skipped for a non-finite gradient norm (weights untouched)
   double lr = 0.0;                                // of the last update
   double seconds = 0.0, tokens_per_second = 0.0;  // the batch's tokens x (ppo_epochs + 1) passes, per second
+  // This process's reads of device data (on a GPU each a wait for the device: one per optimizer update and one after
+  // them) and copies to the device, through host_door.
+  int64_t host_reads = 0, host_copies = 0;
   // |exp(old_logp) - exp(rollout_logp)| over the loss tokens, the trainer's probabilities against the sampler's (verl's
   // training/rollout_probs_diff_*): max, mean, std; absent when the rollouts carry no log-probs.
   std::optional<std::array<double, 3>> rollout_probs_diff;
@@ -126,13 +129,14 @@ struct PolicyUpdate {
  private:
   struct Sums;
   LogprobOptions logprob_options() const;
-  torch::Tensor micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
-                               double* entropy_sum = nullptr, torch::Tensor* entropy = nullptr) const;
+  TargetLogprobs micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
+                                bool with_entropy = false) const;
   void compute_old_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan, bool first_too, Sums& sums);
   void compute_ref_logprobs(TrainBatch& batch, const std::vector<MiniBatch>& plan);
   void gather_old_logprobs(TrainBatch& batch) const;
   std::map<std::string, double> correct_rollouts(TrainBatch& batch) const;
-  std::optional<std::array<double, 3>> rollout_probs_diff(const TrainBatch& batch) const;
+  torch::Tensor rollout_probs_diff(const TrainBatch& batch) const;
+  std::optional<std::array<double, 3>> read_after_updates(Sums& sums, const torch::Tensor& probs_diff) const;
   void update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums);
   UpdateMetrics reduce(const TrainBatch& batch, Sums& sums) const;
 };
