@@ -278,19 +278,41 @@ void release_gradients(const std::vector<torch::Tensor>& parameters) {
   }
 }
 
-// One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step. The step's
-// first update (`first`) also records its forward's log-probs as the mini-batch's old ones, and their entropy.
-void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums) {
-  const PaddedBatch& padded = batch.padded;
+// Each micro-batch's share of a mini-batch's loss: the options its loss and its KL and entropy terms take, and, where
+// a token-budget micro-batch splits a group, each token's weight in the mini-batch's loss.
+struct PolicyUpdate::LossShares {
+  dapo::PolicyLossOptions share, term;
+  torch::Tensor mini_weights;  // [mini.rows, L - 1] on the host, or undefined
+};
+
+// The update's metrics, on the device in float64 until the one read after the optimizer step: the loss, the clipped
+// tokens and the KL loss summed over the micro-batches, and each micro-batch's dual-clipped tokens and approximate KL
+// (added to the step's sums in order if the update is applied).
+struct PolicyUpdate::UpdateTotals {
+  torch::Tensor loss, clipped, kl_loss;
+  std::vector<torch::Tensor> dual_clipped, kl;
+
+  // Laid out for the read as `Slot` names them, after the optimizer's norm.
+  enum Slot : std::ptrdiff_t { kNorm, kLoss, kClipped, kKlLoss, kPerMicroBatch };
+  torch::Tensor stacked() const {
+    std::vector<torch::Tensor> values{loss, clipped, kl_loss};
+    values.insert(values.end(), dual_clipped.begin(), dual_clipped.end());
+    values.insert(values.end(), kl.begin(), kl.end());
+    return torch::stack(values);
+  }
+};
+
+PolicyUpdate::LossShares PolicyUpdate::loss_shares(const TrainBatch& batch, const MiniBatch& mini) const {
   dapo::PolicyLossOptions loss_options = options.loss;
   loss_options.group_size = batch.group_size;
   // Dr. GRPO's constant divisor is the generation budget (TRL: max_completion_length), not a padded width.
   loss_options.norm_length = response_budget(options).norm_length;
-  dapo::PolicyLossOptions share_options = dapo::micro_batch_options(loss_options, mini.counts);
+  LossShares shares;
+  shares.share = dapo::micro_batch_options(loss_options, mini.counts);
   // The KL and entropy terms' aggregation: the token-level losses' (geo_mean's mean over rows has no token weights).
   dapo::PolicyLossOptions token_options = loss_options;
   token_options.mode = dapo::PolicyLossMode::kVanilla;
-  const dapo::PolicyLossOptions term_options = dapo::micro_batch_options(token_options, mini.counts);
+  shares.term = dapo::micro_batch_options(token_options, mini.counts);
   // Every aggregation but group-token-mean divides by counts of the whole mini-batch, which micro_batch_options
   // passes to each micro-batch. A token-budget micro-batch may hold part of a group, whose share of the loss needs
   // the whole group's token count: there each token's weight in the mini-batch's loss (aggregation_weights of the
@@ -298,100 +320,110 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   const bool split_groups = std::any_of(mini.micro_batches.begin(), mini.micro_batches.end(), [&](const auto& micro) {
     return !holds_whole_groups(micro, batch.group_size);
   });
-  torch::Tensor mini_weights;  // [mini.rows, L - 1]: each token's weight in the mini-batch's aggregated loss
-  if (split_groups && term_options.aggregation == dapo::LossAggregation::kGroupTokenMean) {
-    mini_weights = dapo::aggregation_weights(padded.loss_mask.narrow(0, mini.first_row, mini.rows), term_options,
-                                             batch.old_logp.scalar_type());
-    if (share_options.mode != dapo::PolicyLossMode::kGeoMean) {
-      share_options.aggregation = dapo::LossAggregation::kTokenSum;
-      share_options.global_group_count = 0.0;
+  if (split_groups && shares.term.aggregation == dapo::LossAggregation::kGroupTokenMean) {
+    shares.mini_weights = dapo::aggregation_weights(batch.padded.loss_mask.narrow(0, mini.first_row, mini.rows),
+                                                    shares.term, batch.old_logp.scalar_type());
+    if (shares.share.mode != dapo::PolicyLossMode::kGeoMean) {
+      shares.share.aggregation = dapo::LossAggregation::kTokenSum;
+      shares.share.global_group_count = 0.0;
     }
   }
-  const auto mini_rows = [&](const MicroBatch& micro, const torch::Tensor& tensor) {  // rows of a [mini.rows, ...]
-    MicroBatch shifted = micro;
-    for (int64_t& row : shifted.rows) row -= mini.first_row;
-    return shifted.take(tensor);
-  };
+  return shares;
+}
+
+// One micro-batch's forward, loss (with the KL and entropy terms) and backward; its metrics go to `totals`. With
+// `first`, its log-probs are the mini-batch's old ones and its entropy the old policy's.
+void PolicyUpdate::accumulate_micro_batch(TrainBatch& batch, const MiniBatch& mini, const MicroBatch& micro,
+                                          const LossShares& shares, bool first, Sums& sums, UpdateTotals& totals) {
+  RECORD_USER_SCOPE(kMicroBatchScope);
   const bool kl_loss = options.extras.kl_loss_coef > 0.0, entropy_term = options.extras.entropy_coeff != 0.0;
-  const dapo::KlPenalty penalty = dapo::parse_kl_penalty(options.extras.kl_loss_type);
-  release_gradients(model->parameters());  // none left by the last update; any a caller left start nothing
-  // The update's metrics stay on the device, in float64, until the one read after the optimizer step: the loss, the
-  // clipped tokens and the KL loss summed over the micro-batches, and each micro-batch's dual-clipped tokens and
-  // approximate KL (added to the step's sums in order if the update is applied).
-  const auto device = model->lm_head_weight().device();
-  const torch::Tensor zero = torch::zeros({}, model->lm_head_weight().options().dtype(torch::kFloat64));
-  torch::Tensor loss = zero, clipped = zero, kl_sum = zero;
-  std::vector<torch::Tensor> dual_clipped, kl;
-  const auto as_double = [](const torch::Tensor& value) { return value.detach().to(torch::kFloat64); };
-  // The batch's masks, advantages and the aggregation's weights live on the host (the plans read them): each
+  // The batch's masks, advantages and the aggregation's weights live on the host (the plans read them): the
   // micro-batch's rows go to the device through host_door; the log-probs and IS weights live on the device.
+  const auto device = model->lm_head_weight().device();
   const auto to_device = [&](const torch::Tensor& host) { return host_door::to_device(host, device); };
-  for (const MicroBatch& micro : mini.micro_batches) {
-    RECORD_USER_SCOPE(kMicroBatchScope);
-    const auto rows = [&](const torch::Tensor& tensor) { return micro.take(tensor).narrow(1, 0, micro.length - 1); };
-    const torch::Tensor host_mask = rows(padded.loss_mask);
-    const TargetLogprobs current = micro_logprobs(model, padded, micro, /*with_entropy=*/first || entropy_term);
-    const torch::Tensor& logp = current.logp;
-    if (first) {
-      micro.put(batch.old_logp, logp.detach());
-      sums.entropy_by_micro_batch.front().push_back(current.entropy_sum);
-    }
-    torch::Tensor weights = batch.is_weights.defined() ? rows(batch.is_weights) : torch::Tensor();
-    const torch::Tensor token_weights =  // the aggregation's, when it is taken from the whole mini-batch
-        mini_weights.defined() ? to_device(mini_rows(micro, mini_weights).narrow(1, 0, micro.length - 1))
-                               : torch::Tensor();
-    if (token_weights.defined() && share_options.aggregation == dapo::LossAggregation::kTokenSum) {
+  const auto rows = [&](const torch::Tensor& tensor) { return micro.take(tensor).narrow(1, 0, micro.length - 1); };
+  const torch::Tensor host_mask = rows(batch.padded.loss_mask);
+  const TargetLogprobs current = micro_logprobs(model, batch.padded, micro, /*with_entropy=*/first || entropy_term);
+  const torch::Tensor& logp = current.logp;
+  if (first) {
+    micro.put(batch.old_logp, logp.detach());
+    sums.entropy_by_micro_batch.front().push_back(current.entropy_sum);
+  }
+  torch::Tensor weights = batch.is_weights.defined() ? rows(batch.is_weights) : torch::Tensor();
+  torch::Tensor token_weights;  // the aggregation's, when it is taken from the whole mini-batch
+  if (shares.mini_weights.defined()) {
+    MicroBatch in_mini = micro;  // its rows of the [mini.rows, ...] weights
+    for (int64_t& row : in_mini.rows) row -= mini.first_row;
+    token_weights = to_device(in_mini.take(shares.mini_weights).narrow(1, 0, micro.length - 1));
+    if (shares.share.aggregation == dapo::LossAggregation::kTokenSum) {
       weights = weights.defined() ? weights * token_weights : token_weights;
     }
-    const auto out = dapo::policy_loss(logp, rows(batch.old_logp), to_device(micro.take(batch.advantages)),
-                                       to_device(host_mask), share_options, weights);
-    torch::Tensor total = out.loss;
-    if (kl_loss || entropy_term) {
-      const torch::Tensor term_weights =
-          token_weights.defined() ? token_weights
-                                  : to_device(dapo::aggregation_weights(host_mask, term_options, logp.scalar_type()));
-      if (kl_loss) {
-        const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, rows(batch.ref_logp), penalty)).sum();
-        kl_sum = kl_sum + as_double(kl);
-        total = total + options.extras.kl_loss_coef * kl;
-      }
-      if (entropy_term) total = total - options.extras.entropy_coeff * (term_weights * current.entropy).sum();
+  }
+  const auto out = dapo::policy_loss(logp, rows(batch.old_logp), to_device(micro.take(batch.advantages)),
+                                     to_device(host_mask), shares.share, weights);
+  const auto as_double = [](const torch::Tensor& value) { return value.detach().to(torch::kFloat64); };
+  torch::Tensor total = out.loss;
+  if (kl_loss || entropy_term) {
+    const torch::Tensor term_weights =
+        token_weights.defined() ? token_weights
+                                : to_device(dapo::aggregation_weights(host_mask, shares.term, logp.scalar_type()));
+    if (kl_loss) {
+      const dapo::KlPenalty penalty = dapo::parse_kl_penalty(options.extras.kl_loss_type);
+      const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, rows(batch.ref_logp), penalty)).sum();
+      totals.kl_loss = totals.kl_loss + as_double(kl);
+      total = total + options.extras.kl_loss_coef * kl;
     }
-    total.backward();
-    const double micro_tokens = host_mask.sum().item<double>();  // the host's mask
-    loss = loss + as_double(out.loss);
-    clipped = clipped + as_double(out.clip_fraction) * micro_tokens;
-    dual_clipped.push_back(as_double(out.dual_clip_fraction) * micro_tokens);
-    kl.push_back(as_double(out.approx_kl) * micro_tokens);
+    if (entropy_term) total = total - options.extras.entropy_coeff * (term_weights * current.entropy).sum();
+  }
+  total.backward();
+  const double micro_tokens = host_mask.sum().item<double>();  // the host's mask
+  totals.loss = totals.loss + as_double(out.loss);
+  totals.clipped = totals.clipped + as_double(out.clip_fraction) * micro_tokens;
+  totals.dual_clipped.push_back(as_double(out.dual_clip_fraction) * micro_tokens);
+  totals.kl.push_back(as_double(out.approx_kl) * micro_tokens);
+}
+
+// The update's read (the norm, then UpdateTotals::stacked()) into the step's sums; a non-finite norm skipped the
+// update: its loss and clip counts stay out of the step's metrics, and the clock advances all the same.
+void PolicyUpdate::settle_update(const torch::Tensor& read, const MiniBatch& mini, double lr, Sums& sums) {
+  using Slot = UpdateTotals::Slot;
+  const auto at = [&](std::ptrdiff_t slot) { return read.data_ptr<double>()[slot]; };
+  const auto micro_batches = static_cast<std::ptrdiff_t>(mini.micro_batches.size());
+  const double grad_norm = at(Slot::kNorm);
+  sums.lr = lr;
+  sums.tokens_by_update.push_back(mini.counts.tokens);
+  if (!std::isfinite(grad_norm)) {
+    sums.clipped_by_update.push_back(0.0);
+    ++sums.skipped;
+    return;
+  }
+  sums.loss += at(Slot::kLoss);
+  sums.kl_loss += at(Slot::kKlLoss);
+  sums.grad_norm += grad_norm;
+  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.dual_clipped += at(Slot::kPerMicroBatch + i);
+  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.kl += at(Slot::kPerMicroBatch + micro_batches + i);
+  sums.clipped_by_update.push_back(at(Slot::kClipped));
+}
+
+// One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step. The step's
+// first update (`first`) also records its forward's log-probs as the mini-batch's old ones, and their entropy.
+void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums) {
+  const LossShares shares = loss_shares(batch, mini);
+  release_gradients(model->parameters());  // none left by the last update; any a caller left start nothing
+  const torch::Tensor zero = torch::zeros({}, model->lm_head_weight().options().dtype(torch::kFloat64));
+  UpdateTotals totals{zero, zero, zero, {}, {}};
+  for (const MicroBatch& micro : mini.micro_batches) {
+    accumulate_micro_batch(batch, mini, micro, shares, first, sums, totals);
   }
   RECORD_USER_SCOPE(kOptimizerStepScope);
   communicator.all_reduce_gradients(model->parameters());  // the sum of the ranks' shares: the mini-batch's gradient
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   // A NaN or infinity anywhere in the summed gradient (every rank sees the same norm) skips the update, as verl's
-  // actor does, so that neither the weights nor AdamW's moments take it in (train/optimizer.hpp).
-  // The update's one read: the norm (whether the step applied) and the metrics, laid out as `at` names them.
-  enum Slot : std::ptrdiff_t { kNorm, kLoss, kClipped, kKlLoss, kPerMicroBatch };
-  std::vector<torch::Tensor> values{loss, clipped, kl_sum};
-  values.insert(values.end(), dual_clipped.begin(), dual_clipped.end());
-  values.insert(values.end(), kl.begin(), kl.end());
-  const torch::Tensor read = optimizer.step_and_read(options.grad_clip, torch::stack(values));
-  const auto micro_batches = static_cast<std::ptrdiff_t>(dual_clipped.size());
-  const auto at = [&](std::ptrdiff_t slot) { return read.data_ptr<double>()[slot]; };
-  const double grad_norm = at(kNorm);
+  // actor does, so that neither the weights nor AdamW's moments take it in (train/optimizer.hpp). The update's one
+  // read: the norm (whether the step applied) and the metrics.
+  const torch::Tensor read = optimizer.step_and_read(options.grad_clip, totals.stacked());
   release_gradients(model->parameters());
-  sums.lr = lr;
-  sums.tokens_by_update.push_back(mini.counts.tokens);
-  if (!std::isfinite(grad_norm)) {  // its loss and clip counts stay out of the step's metrics; the clock advances
-    sums.clipped_by_update.push_back(0.0);
-    ++sums.skipped;
-    return;
-  }
-  sums.loss += at(kLoss);
-  sums.kl_loss += at(kKlLoss);
-  sums.grad_norm += grad_norm;
-  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.dual_clipped += at(kPerMicroBatch + i);
-  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) sums.kl += at(kPerMicroBatch + micro_batches + i);
-  sums.clipped_by_update.push_back(at(kClipped));
+  settle_update(read, mini, lr, sums);
 }
 
 std::optional<std::array<double, 3>> PolicyUpdate::read_after_updates(Sums& sums,

@@ -128,6 +128,8 @@ struct PolicyUpdate {
 
  private:
   struct Sums;
+  struct LossShares;
+  struct UpdateTotals;
   LogprobOptions logprob_options() const;
   TargetLogprobs micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
                                 bool with_entropy = false) const;
@@ -137,6 +139,10 @@ struct PolicyUpdate {
   std::map<std::string, double> correct_rollouts(TrainBatch& batch) const;
   torch::Tensor rollout_probs_diff(const TrainBatch& batch) const;
   std::optional<std::array<double, 3>> read_after_updates(Sums& sums, const torch::Tensor& probs_diff) const;
+  LossShares loss_shares(const TrainBatch& batch, const MiniBatch& mini) const;
+  void accumulate_micro_batch(TrainBatch& batch, const MiniBatch& mini, const MicroBatch& micro,
+                              const LossShares& shares, bool first, Sums& sums, UpdateTotals& totals);
+  static void settle_update(const torch::Tensor& read, const MiniBatch& mini, double lr, Sums& sums);
   void update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums);
   UpdateMetrics reduce(const TrainBatch& batch, Sums& sums) const;
 };
