@@ -115,6 +115,20 @@ TEST_CASE("linear_logprobs in bfloat16 computes its statistics in float32, close
   CHECK(relative_error(kernel.entropy, aten.entropy) < 1e-5);
 }
 
+TEST_CASE("linear_logprobs with check_targets = false: the same values; the shape and dtype checks still made") {
+  torch::manual_seed(9);
+  const auto hidden = torch::randn({12, 8});
+  const auto weight = torch::randn({30, 8});
+  const auto targets = torch::randint(30, {12}, torch::kLong);
+  const auto checked = dapo::linear_logprobs(hidden, weight, targets, {.chunk_size = 5, .with_entropy = true});
+  const auto trusted =
+      dapo::linear_logprobs(hidden, weight, targets, {.chunk_size = 5, .with_entropy = true, .check_targets = false});
+  CHECK(torch::equal(checked.logp, trusted.logp));
+  CHECK(torch::equal(checked.entropy, trusted.entropy));
+  CHECK_THROWS_WITH_AS(dapo::linear_logprobs(hidden, weight, torch::zeros({12}, torch::kInt), {.check_targets = false}),
+                       doctest::Contains("targets has dtype Int, expected int64"), std::invalid_argument);
+}
+
 TEST_CASE("linear_logprobs rejects bad arguments naming them") {
   const auto hidden = torch::zeros({4, 8});
   const auto weight = torch::zeros({10, 8});
