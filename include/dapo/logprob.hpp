@@ -1,13 +1,18 @@
 // Log-probabilities of chosen tokens straight from the last hidden states and the lm-head, without ever holding the
 // full [N, V] logits: log p(target | logits / temperature) and optionally the entropy, as verl and TRL compute rollout
 // and training log-probs. Chunks over N; the backward recomputes each chunk's logits, so at most one chunk of [chunk,
-// V] values is alive at a time (on CPU; other devices add a work buffer). Differentiable in hidden and weight.
+// V] values is alive at a time. Differentiable in hidden and weight.
+//
+// Each chunk's work over the vocabulary, beside its matrix products: on the CPU and, with the dapo::cuda target, on
+// CUDA, one kernel each way (the statistics read the logits; the gradient rewrites them in place). Elsewhere ATen ops:
+// one to three passes each way and [chunk, V] float32 buffers (see aten_chunk_forward and aten_chunk_backward).
 //
 // Shapes: N = tokens, H = hidden size, V = vocabulary, C = chunk_size.
 //   hidden [N, H], weight [V, H] (the lm-head; the tied embedding matrix), targets [N] int64 -> logp [N], entropy [N].
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
@@ -38,34 +43,119 @@ struct LinearLogprobOutput {
 };
 
 namespace detail {
-inline namespace DAPO_KERNEL_ABI {  // the CPU kernel's callers: see <dapo/core/kernel_abi.hpp>
 
-// Softmax statistics of one chunk of logits z [C, V] (already divided by the temperature) with ATen ops, for devices
-// without the CPU kernel: lse = logsumexp(z) and, for the entropy, mean = E_p[z]. work: a [C, V] buffer.
-struct ChunkSoftmax {
-  torch::Tensor lse, mean;
+// The per-chunk work over the vocabulary as kernels: the CPU's from <dapo/core/logprob.hpp> below, and CUDA's from
+// <dapo/cuda/logprob.cuh>, set by <dapo/cuda/register.cuh> (the dapo::cuda target; null without it). Both take
+// contiguous logits [R, V] (already divided by the temperature) and [R] statistics in the compute dtype (float32 for
+// 16-bit logits): statistics writes lse, chosen and, when defined, mean; logits_grad turns the logits into
+// d objective / d logits in place (grad_logp, or grad_entropy with mean, may be undefined).
+struct LogprobKernels {
+  void (*statistics)(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                     const torch::Tensor& chosen, const torch::Tensor& mean) = nullptr;
+  void (*logits_grad)(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                      const torch::Tensor& mean, const torch::Tensor& grad_logp,
+                      const torch::Tensor& grad_entropy) = nullptr;
 };
 
-inline ChunkSoftmax aten_chunk_softmax(const torch::Tensor& logits, bool with_mean, torch::Tensor& work) {
-  ChunkSoftmax out;
-  const torch::Tensor max = logits.amax(1, /*keepdim=*/true);  // [C, 1]
-  at::sub_out(work, logits, max).exp_();                       // work = exp(z - max)
-  const torch::Tensor sum = work.sum(1);                       // [C]
-  out.lse = sum.log() + max.squeeze(1);
-  if (with_mean) out.mean = work.mul_(logits).sum(1) / sum;
-  return out;
+inline LogprobKernels& cuda_logprob_kernels() {
+  static LogprobKernels kernels;
+  return kernels;
 }
 
-// The backward: recomputes each chunk's logits and turns them into d objective / d logits in place, then into the
-// gradients of hidden and weight. An autograd Node of its own, not a torch::autograd::Function (see PolicyLossBackward
-// in <dapo/loss.hpp>: g++ 14 warns inside LibTorch 2.x's Function<T>::apply). Saved like Function's
-// save_for_backward: an in-place change of hidden or weight before the backward is an error, not a silent mistake.
+inline namespace DAPO_KERNEL_ABI {  // the CPU kernel's callers: see <dapo/core/kernel_abi.hpp>
+
+inline void cpu_softmax_statistics(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                                   const torch::Tensor& chosen, const torch::Tensor& mean) {
+  visit_floating_dtype(logits.scalar_type(), "dapo::linear_logprobs", [&](auto compute_tag, auto storage_tag) {
+    using C = decltype(compute_tag);
+    using T = decltype(storage_tag);
+    core::softmax_statistics<C>(logits.data_ptr<T>(), logits.size(0), logits.size(1), targets.data_ptr<int64_t>(),
+                                lse.data_ptr<C>(), chosen.data_ptr<C>(), mean.defined() ? mean.data_ptr<C>() : nullptr,
+                                AtenParallelFor{});
+  });
+}
+
+inline void cpu_logprob_logits_grad(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                                    const torch::Tensor& mean, const torch::Tensor& grad_logp,
+                                    const torch::Tensor& grad_entropy) {
+  visit_floating_dtype(logits.scalar_type(), "dapo::linear_logprobs", [&](auto compute_tag, auto storage_tag) {
+    using C = decltype(compute_tag);
+    using T = decltype(storage_tag);
+    core::logprob_logits_grad<C>(logits.data_ptr<T>(), logits.size(0), logits.size(1), targets.data_ptr<int64_t>(),
+                                 lse.data_ptr<C>(), mean.defined() ? mean.data_ptr<C>() : nullptr,
+                                 grad_logp.defined() ? grad_logp.data_ptr<C>() : nullptr,
+                                 grad_entropy.defined() ? grad_entropy.data_ptr<C>() : nullptr, AtenParallelFor{});
+  });
+}
+
+inline const LogprobKernels& cpu_logprob_kernels() {
+  static const LogprobKernels kernels{&cpu_softmax_statistics, &cpu_logprob_logits_grad};
+  return kernels;
+}
+
+// The kernels for hidden's device, or null: ATen ops (devices without kernels, or use_aten).
+inline const LogprobKernels* logprob_kernels(const torch::Tensor& hidden, bool use_aten) {
+  if (use_aten) return nullptr;
+  if (hidden.device().is_cpu()) return &cpu_logprob_kernels();
+  const LogprobKernels& cuda = cuda_logprob_kernels();
+  return hidden.is_cuda() && cuda.statistics != nullptr && cuda.logits_grad != nullptr ? &cuda : nullptr;
+}
+
+// One chunk's forward with ATen ops: log p of the targets and, when entropy is defined, the entropy -sum p log p, in
+// the statistics dtype. Passes over [C, V]: log_softmax (16-bit logits: ATen may convert them first) and, for the
+// entropy, exp and a batched dot product.
+inline void aten_chunk_forward(const torch::Tensor& logits, const torch::Tensor& targets, torch::ScalarType stats_type,
+                               torch::Tensor logp, torch::Tensor entropy) {
+  const torch::Tensor log_probs = at::log_softmax(logits, 1, stats_type);
+  logp.copy_(log_probs.gather(1, targets.unsqueeze(1)).squeeze(1));
+  if (!entropy.defined()) return;
+  const torch::Tensor probs = log_probs.exp();
+  entropy.copy_(at::bmm(probs.unsqueeze(1), log_probs.unsqueeze(2)).view({-1}).neg());
+}
+
+// One chunk's backward with ATen ops: logits <- d objective / d logits
+//   = g_logp * (onehot(target) - p) - g_entropy * p * (log p + entropy),
+// written in the logits' dtype, the targets' entries rounded once. Passes over [C, V]: softmax and one product without
+// the entropy's gradient; log_softmax, exp, addcmul and the product with it.
+inline void aten_chunk_backward(torch::Tensor logits, const torch::Tensor& targets, torch::ScalarType stats_type,
+                                const torch::Tensor& entropy, const torch::Tensor& grad_logp,
+                                const torch::Tensor& grad_entropy) {
+  const torch::Tensor index = targets.unsqueeze(1);
+  const torch::Tensor g_logp = grad_logp.defined() ? grad_logp.unsqueeze(1) : torch::Tensor();
+  if (!grad_entropy.defined()) {
+    const torch::Tensor probs = at::softmax(logits, 1, stats_type);
+    const torch::Tensor target_grad = g_logp * (1.0 - probs.gather(1, index));
+    at::mul_out(logits, probs, g_logp.neg());
+    logits.scatter_(1, index, target_grad.to(logits.scalar_type()));
+    return;
+  }
+  torch::Tensor scale = grad_entropy.unsqueeze(1);
+  torch::Tensor shift = scale * entropy.unsqueeze(1);  // [C, 1]
+  if (g_logp.defined()) shift = shift + g_logp;
+  torch::Tensor log_probs = at::log_softmax(logits, 1, stats_type);
+  const torch::Tensor probs = log_probs.exp();
+  at::addcmul_out(log_probs, shift.neg(), log_probs, scale.neg());  // -(g_logp + g_entropy * (log p + entropy))
+  torch::Tensor target_grad;
+  if (g_logp.defined()) target_grad = g_logp + probs.gather(1, index) * log_probs.gather(1, index);
+  at::mul_out(logits, probs, log_probs);
+  if (target_grad.defined()) logits.scatter_(1, index, target_grad.to(logits.scalar_type()));
+}
+
+// The backward: recomputes each chunk's logits and turns them into d objective / d logits in place (the kernels, or
+// ATen ops), then into the gradients of hidden and weight. An autograd Node of its own, not a
+// torch::autograd::Function (see PolicyLossBackward in <dapo/loss.hpp>: g++ 14 warns inside LibTorch 2.x's
+// Function<T>::apply). Saved like Function's save_for_backward: an in-place change of hidden or weight before the
+// backward is an error, not a silent mistake.
 struct LinearLogprobBackward : torch::autograd::Node {
   torch::autograd::SavedVariable hidden_, weight_;  // [N, H], [V, H]
-  torch::Tensor targets, lse, mean;                 // [N]; mean undefined without the entropy
+  torch::Tensor targets;                            // [N]
+  torch::Tensor lse, mean;                          // [N], with kernels; mean only with the entropy
+  torch::Tensor entropy;                            // [N], with ATen ops and the entropy
+  const LogprobKernels* kernels = nullptr;          // null: ATen ops
+  torch::ScalarType stats_type = torch::kFloat32;
   int64_t chunk = 1;
   double inverse_temperature = 1.0;
-  bool use_aten = false;
+  bool with_entropy = false;
 
   std::string name() const override { return "dapo::LinearLogprobBackward"; }
   void release_variables() override {
@@ -74,6 +164,7 @@ struct LinearLogprobBackward : torch::autograd::Node {
     targets.reset();
     lse.reset();
     mean.reset();
+    entropy.reset();
   }
 
   // grad_outputs: d objective / d logp and, with the entropy, d objective / d entropy (either may be undefined).
@@ -81,10 +172,9 @@ struct LinearLogprobBackward : torch::autograd::Node {
     torch::NoGradGuard no_grad;
     const torch::Tensor hidden = hidden_.unpack(), weight = weight_.unpack();
     const bool want_hidden = should_compute_output(0), want_weight = should_compute_output(1);
-    const auto stats_type = lse.scalar_type();
     const torch::Tensor grad_logp =
         grad_outputs[0].defined() ? grad_outputs[0].to(stats_type).contiguous() : torch::Tensor();
-    const torch::Tensor grad_entropy = mean.defined() && grad_outputs.size() > 1 && grad_outputs[1].defined()
+    const torch::Tensor grad_entropy = with_entropy && grad_outputs.size() > 1 && grad_outputs[1].defined()
                                            ? grad_outputs[1].to(stats_type).contiguous()
                                            : torch::Tensor();
     if (!grad_logp.defined() && !grad_entropy.defined()) return {torch::Tensor(), torch::Tensor()};
@@ -93,45 +183,22 @@ struct LinearLogprobBackward : torch::autograd::Node {
     torch::Tensor grad_hidden = want_hidden ? torch::empty_like(hidden) : torch::Tensor();
     torch::Tensor grad_weight = want_weight ? torch::zeros_like(weight) : torch::Tensor();
     torch::Tensor logits_buffer = torch::empty({chunk, vocab}, hidden.options());
-    torch::Tensor stats_buffer, work_buffer;
-    if (use_aten) {
-      if (stats_type != hidden.scalar_type())
-        stats_buffer = torch::empty({chunk, vocab}, hidden.options().dtype(stats_type));
-      work_buffer = torch::empty({chunk, vocab}, hidden.options().dtype(stats_type));
-    }
+    const auto part = [](const torch::Tensor& t, int64_t start, int64_t rows) {
+      return t.defined() ? t.narrow(0, start, rows) : torch::Tensor();
+    };
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t rows = std::min(chunk, n - start);
       const torch::Tensor scaled_hidden = hidden.narrow(0, start, rows) * inverse_temperature;  // [C, H]
       torch::Tensor logits = logits_buffer.narrow(0, 0, rows);
       at::mm_out(logits, scaled_hidden, weight.t());
       const torch::Tensor chunk_targets = targets.narrow(0, start, rows);
-      const torch::Tensor chunk_grad_logp = grad_logp.defined() ? grad_logp.narrow(0, start, rows) : torch::Tensor();
-      const torch::Tensor chunk_grad_entropy =
-          grad_entropy.defined() ? grad_entropy.narrow(0, start, rows) : torch::Tensor();
-      // logits <- d objective / d z = g_logp * (onehot(target) - p) - g_entropy * p * (z - E_p[z]).
-      if (use_aten) {
-        torch::Tensor z = stats_buffer.defined() ? stats_buffer.narrow(0, 0, rows).copy_(logits) : logits;
-        torch::Tensor p = work_buffer.narrow(0, 0, rows);
-        at::sub_out(p, z, lse.narrow(0, start, rows).unsqueeze(1)).exp_();
-        if (chunk_grad_entropy.defined()) {
-          z.sub_(mean.narrow(0, start, rows).unsqueeze(1)).mul_(chunk_grad_entropy.unsqueeze(1));
-        } else {
-          z.zero_();
-        }
-        if (chunk_grad_logp.defined()) z.add_(chunk_grad_logp.unsqueeze(1));
-        z.mul_(p).neg_();
-        if (chunk_grad_logp.defined()) z.scatter_add_(1, chunk_targets.unsqueeze(1), chunk_grad_logp.unsqueeze(1));
-        if (stats_buffer.defined()) logits.copy_(z);
+      if (kernels != nullptr) {
+        RECORD_FUNCTION("dapo::logprob_logits_grad", std::vector<c10::IValue>({logits}));  // seen by profilers
+        kernels->logits_grad(logits, chunk_targets, part(lse, start, rows), part(mean, start, rows),
+                             part(grad_logp, start, rows), part(grad_entropy, start, rows));
       } else {
-        visit_floating_dtype(hidden.scalar_type(), "dapo::linear_logprobs", [&](auto compute_tag, auto storage_tag) {
-          using C = decltype(compute_tag);
-          using T = decltype(storage_tag);
-          core::logprob_logits_grad<C>(logits.data_ptr<T>(), rows, vocab, chunk_targets.data_ptr<int64_t>(),
-                                       lse.data_ptr<C>() + start, mean.defined() ? mean.data_ptr<C>() + start : nullptr,
-                                       chunk_grad_logp.defined() ? chunk_grad_logp.data_ptr<C>() : nullptr,
-                                       chunk_grad_entropy.defined() ? chunk_grad_entropy.data_ptr<C>() : nullptr,
-                                       AtenParallelFor{});
-        });
+        aten_chunk_backward(logits, chunk_targets, stats_type, part(entropy, start, rows), part(grad_logp, start, rows),
+                            part(grad_entropy, start, rows));
       }
       if (want_hidden) {
         torch::Tensor grad_rows = grad_hidden.narrow(0, start, rows);
@@ -144,60 +211,50 @@ struct LinearLogprobBackward : torch::autograd::Node {
   }
 };
 
-// The forward: the softmax statistics chunk by chunk (the core kernels on CPU, one [C, V] buffer in the input dtype;
-// ATen ops elsewhere, plus float32 copies for 16-bit inputs and a work buffer); logp (and the entropy) get
+// The forward: each chunk's logits (one [C, V] buffer in the input dtype), then the kernels' statistics (lse, the
+// target's logit and, for the entropy, the mean logit) or ATen ops (log p and the entropy); logp (and the entropy) get
 // LinearLogprobBackward when hidden or weight requires grad.
 inline LinearLogprobOutput linear_logprobs_forward(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                    const torch::Tensor& targets, const LinearLogprobOptions& options,
                                                    bool use_aten) {
-  torch::Tensor lse, chosen, mean;
-  int64_t chunk = 1;
-  double inverse_temperature = 1.0;
+  const LogprobKernels* kernels = logprob_kernels(hidden, use_aten);
+  const int64_t n = hidden.size(0), vocab = weight.size(0);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(options.chunk_size, n));
+  const double inverse_temperature = 1.0 / options.temperature;
+  const torch::ScalarType stats_type = compute_dtype(hidden.scalar_type());
+  const bool with_entropy = options.with_entropy;
+  torch::Tensor logp, entropy, lse, mean;
   {
     torch::NoGradGuard no_grad;
-    const int64_t n = hidden.size(0), vocab = weight.size(0);
-    chunk = std::max<int64_t>(1, std::min<int64_t>(options.chunk_size, n));
-    inverse_temperature = 1.0 / options.temperature;
-    const auto stats_options = hidden.options().dtype(compute_dtype(hidden.scalar_type()));
-    const bool with_mean = options.with_entropy;
-    lse = torch::empty({n}, stats_options);
-    chosen = torch::empty({n}, stats_options);
-    if (with_mean) mean = torch::empty({n}, stats_options);
-
-    torch::Tensor logits_buffer = torch::empty({chunk, vocab}, hidden.options());
-    torch::Tensor stats_buffer, work_buffer;
-    if (use_aten) {
-      if (stats_options.dtype() != hidden.dtype()) stats_buffer = torch::empty({chunk, vocab}, stats_options);
-      work_buffer = torch::empty({chunk, vocab}, stats_options);
+    const auto stats_options = hidden.options().dtype(stats_type);
+    torch::Tensor chosen;
+    if (kernels != nullptr) {
+      lse = torch::empty({n}, stats_options);
+      chosen = torch::empty({n}, stats_options);
+      if (with_entropy) mean = torch::empty({n}, stats_options);
+    } else {
+      logp = torch::empty({n}, stats_options);
+      if (with_entropy) entropy = torch::empty({n}, stats_options);
     }
+    torch::Tensor logits_buffer = torch::empty({chunk, vocab}, hidden.options());
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t rows = std::min(chunk, n - start);
       torch::Tensor logits = logits_buffer.narrow(0, 0, rows);
       at::mm_out(logits, hidden.narrow(0, start, rows) * inverse_temperature, weight.t());  // z / temperature
       const torch::Tensor chunk_targets = targets.narrow(0, start, rows);
-      if (use_aten) {
-        if (stats_buffer.defined()) logits = stats_buffer.narrow(0, 0, rows).copy_(logits);
-        torch::Tensor work = work_buffer.narrow(0, 0, rows);
-        const ChunkSoftmax stats = aten_chunk_softmax(logits, with_mean, work);
-        chosen.narrow(0, start, rows).copy_(logits.gather(1, chunk_targets.unsqueeze(1)).squeeze(1));
-        lse.narrow(0, start, rows).copy_(stats.lse);
-        if (with_mean) mean.narrow(0, start, rows).copy_(stats.mean);
-        continue;
+      if (kernels != nullptr) {
+        RECORD_FUNCTION("dapo::softmax_statistics", std::vector<c10::IValue>({logits}));  // seen by profilers
+        kernels->statistics(logits, chunk_targets, lse.narrow(0, start, rows), chosen.narrow(0, start, rows),
+                            with_entropy ? mean.narrow(0, start, rows) : torch::Tensor());
+      } else {
+        aten_chunk_forward(logits, chunk_targets, stats_type, logp.narrow(0, start, rows),
+                           with_entropy ? entropy.narrow(0, start, rows) : torch::Tensor());
       }
-      visit_floating_dtype(hidden.scalar_type(), "dapo::linear_logprobs", [&](auto compute_tag, auto storage_tag) {
-        using C = decltype(compute_tag);
-        using T = decltype(storage_tag);
-        core::softmax_statistics<C>(logits.data_ptr<T>(), rows, vocab, chunk_targets.data_ptr<int64_t>(),
-                                    lse.data_ptr<C>() + start, chosen.data_ptr<C>() + start,
-                                    with_mean ? mean.data_ptr<C>() + start : nullptr, AtenParallelFor{});
-      });
     }
-  }
-  torch::Tensor logp, entropy;
-  {
-    torch::NoGradGuard no_grad;
-    logp = chosen - lse;
-    if (options.with_entropy) entropy = lse - mean;
+    if (kernels != nullptr) {
+      logp = chosen - lse;
+      if (with_entropy) entropy = lse - mean;
+    }
   }
   if (torch::autograd::compute_requires_grad(hidden, weight)) {
     const auto node = detail::make_autograd_node<LinearLogprobBackward>();
@@ -205,23 +262,26 @@ inline LinearLogprobOutput linear_logprobs_forward(const torch::Tensor& hidden, 
     node->hidden_ = torch::autograd::SavedVariable(hidden, /*is_output=*/false);
     node->weight_ = torch::autograd::SavedVariable(weight, /*is_output=*/false);
     node->targets = targets;
+    node->kernels = kernels;
     node->lse = lse;
     node->mean = mean;
+    if (kernels == nullptr) node->entropy = entropy.defined() ? entropy.clone() : torch::Tensor();
+    node->stats_type = stats_type;
     node->chunk = chunk;
     node->inverse_temperature = inverse_temperature;
-    node->use_aten = use_aten;
+    node->with_entropy = with_entropy;
     torch::autograd::set_history(logp, node);
     if (entropy.defined()) torch::autograd::set_history(entropy, node);
   }
   return {logp, entropy};
 }
 
-// linear_logprobs after validation; use_aten forces the ATen-op path (what non-CPU devices run) for tests on CPU.
+// linear_logprobs after validation; use_aten forces the ATen-op path (what devices without kernels run) for tests on
+// CPU.
 inline LinearLogprobOutput linear_logprobs_unchecked(const torch::Tensor& hidden, const torch::Tensor& weight,
                                                      const torch::Tensor& targets, const LinearLogprobOptions& options,
                                                      bool use_aten) {
-  return linear_logprobs_forward(hidden.contiguous(), weight.contiguous(), targets.contiguous(), options,
-                                 use_aten || !hidden.device().is_cpu());
+  return linear_logprobs_forward(hidden.contiguous(), weight.contiguous(), targets.contiguous(), options, use_aten);
 }
 
 }  // namespace DAPO_KERNEL_ABI

@@ -42,6 +42,17 @@ inline PolicyLossKernelFn& cuda_policy_loss_kernel() {
   return kernel;
 }
 
+// The same kernel finishing on the device (PolicyLossOptions::defer_data_checks), also set by <dapo/cuda/register.cuh>:
+// returns [loss, clip_fraction, dual_clip_fraction, approx_kl, grad_scale, data_check], float64 on the device.
+using PolicyLossDeferredFn = torch::Tensor (*)(const torch::Tensor& logp, const torch::Tensor& old_logp,
+                                               const torch::Tensor& advantages, const torch::Tensor& mask,
+                                               const PolicyLossOptions& options, torch::Tensor& raw_grad,
+                                               const torch::Tensor& weights);
+inline PolicyLossDeferredFn& cuda_policy_loss_deferred() {
+  static PolicyLossDeferredFn kernel = nullptr;
+  return kernel;
+}
+
 template <class Fn>
 void visit_mask_dtype(torch::ScalarType dtype, const Fn& fn) {
   switch (dtype) {
@@ -89,19 +100,47 @@ DAPO_SEPARATE_INLINE core::PolicyLossKernelResult cpu_policy_loss_kernel(
 struct PolicyLossBackward : torch::autograd::Node {
   torch::Tensor raw_grad;  // [B, T] in the compute dtype
   double grad_scale = 0.0;
+  torch::Tensor device_grad_scale;  // float64 scalar on the device, in place of grad_scale when the call was deferred
   torch::ScalarType logp_dtype = torch::kFloat32;
 
   std::string name() const override { return "dapo::PolicyLossBackward"; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grad_outputs) override {
     torch::Tensor grad_logp;
     if (raw_grad.defined() && grad_outputs[0].defined()) {
-      grad_logp = raw_grad.mul(grad_outputs[0].to(raw_grad.scalar_type()) * grad_scale);
+      const torch::Tensor factor =
+          device_grad_scale.defined()
+              ? (grad_outputs[0].to(torch::kFloat64) * device_grad_scale).to(raw_grad.scalar_type())
+              : grad_outputs[0].to(raw_grad.scalar_type()) * grad_scale;
+      grad_logp = raw_grad.mul(factor);
       if (grad_logp.scalar_type() != logp_dtype) grad_logp = grad_logp.to(logp_dtype);
     }
     return {grad_logp};
   }
-  void release_variables() override { raw_grad.reset(); }
+  void release_variables() override {
+    raw_grad.reset();
+    device_grad_scale.reset();
+  }
 };
+
+// The outputs of a deferred call from the device's finished values (cuda_policy_loss_deferred): fresh tensors in the
+// compute dtype (the loss gets the autograd node), and the data check.
+inline PolicyLossOutput deferred_policy_loss_output(const torch::Tensor& finished, const torch::Tensor& logp,
+                                                    torch::Tensor raw_grad, torch::ScalarType compute_type) {
+  const auto fresh = [&](const torch::Tensor& values) {
+    return values.to(compute_type, /*non_blocking=*/false, /*copy=*/true);
+  };
+  const torch::Tensor metrics = fresh(finished.narrow(0, 1, 3));  // clip_fraction, dual_clip_fraction, approx_kl
+  PolicyLossOutput out{fresh(finished.select(0, 0)), metrics[0], metrics[1], metrics[2], finished[5]};
+  if (raw_grad.defined()) {
+    const auto node = detail::make_autograd_node<PolicyLossBackward>();
+    node->set_next_edges(torch::autograd::collect_next_edges(logp));
+    node->raw_grad = std::move(raw_grad);
+    node->device_grad_scale = finished[4];
+    node->logp_dtype = logp.scalar_type();
+    torch::autograd::set_history(out.loss, node);
+  }
+  return out;
+}
 
 // The fused kernel (CPU, or CUDA when registered); the loss gets PolicyLossBackward when logp requires grad, the
 // metrics are never differentiable.
@@ -111,7 +150,8 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
                                           const at::Generator& generator = {}) {
   const auto compute_type = compute_dtype(logp.scalar_type());
   const bool want_grad = torch::autograd::compute_requires_grad(logp);
-  torch::Tensor raw_grad;
+  const bool deferred = logp.is_cuda() && options.defer_data_checks && cuda_policy_loss_deferred() != nullptr;
+  torch::Tensor raw_grad, finished;
   core::PolicyLossKernelResult out;
   {
     const torch::NoGradGuard no_grad;  // the copies below are inputs of the kernel, not part of the graph
@@ -119,11 +159,15 @@ inline PolicyLossOutput fused_policy_loss(const torch::Tensor& logp, const torch
     const torch::Tensor advantages_c = advantages.to(compute_type).contiguous();
     const torch::Tensor weights_c = weights.defined() ? weights.to(compute_type).contiguous() : weights;
     if (want_grad) raw_grad = torch::empty(logp.sizes(), logp.options().dtype(compute_type));
-    out =
-        logp.is_cuda()
-            ? cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c)
-            : cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c, generator);
+    if (deferred) {
+      finished = cuda_policy_loss_deferred()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c);
+    } else if (logp.is_cuda()) {
+      out = cuda_policy_loss_kernel()(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c);
+    } else {
+      out = cpu_policy_loss_kernel(logp_c, old_logp_c, advantages_c, mask_c, options, raw_grad, weights_c, generator);
+    }
   }
+  if (deferred) return deferred_policy_loss_output(finished, logp, std::move(raw_grad), compute_type);
   const auto scalar = [&](double value) { return torch::scalar_tensor(value, logp.options().dtype(compute_type)); };
   torch::Tensor loss = scalar(out.result.loss);
   if (want_grad) {
@@ -209,6 +253,19 @@ inline PolicyLossOutput policy_loss(const torch::Tensor& logp, const torch::Tens
   }
   return detail::fused_policy_loss(logp, old_logp.detach(), advantages.detach(), mask, options,
                                    weights.defined() ? weights.detach() : weights, generator);
+}
+
+// After a policy_loss call with PolicyLossOptions::defer_data_checks: raises the error the immediate call would have
+// raised when the call's data_check, read on the host (`data_check`), is not 0. `mask` is the call's mask, checked
+// again to name the bad value, group or count (a host mask: nothing waits). Pass 0 for a call that checked at once.
+inline void check_deferred_policy_loss(double data_check, const torch::Tensor& mask, const PolicyLossOptions& options) {
+  constexpr const char* kWhere = "dapo::policy_loss";
+  if (data_check == 0.0) return;
+  detail::check_policy_loss_data(mask, options, kWhere);
+  DAPO_REQUIRE(false, kWhere,
+               "the device found the data invalid (a mask value other than 0 and 1, a group without a masked token, or "
+               "more masked tokens or rows than the global counts), but the mask given to check_deferred_policy_loss "
+               "passes: pass the call's own mask and options");
 }
 
 // Without per-token weights.

@@ -13,7 +13,8 @@ struct Result {
   torch::Tensor logp, entropy, grad_hidden, grad_weight;
 };
 
-enum class Path { kNaive, kCpuKernel, kAtenOps };
+// kKernels: dapo::linear_logprobs as called (the device's kernels); kAtenOps: the ATen ops devices without them run.
+enum class Path { kNaive, kKernels, kAtenOps };
 
 // The same scalar objective for every path: sum(logp * a) + sum(entropy * b), so every output gets a gradient.
 Result run(Path path, const torch::Tensor& hidden0, const torch::Tensor& weight0, const torch::Tensor& targets,
@@ -22,7 +23,7 @@ Result run(Path path, const torch::Tensor& hidden0, const torch::Tensor& weight0
   auto weight = weight0.detach().clone().requires_grad_(true);
   Result r;
   if (path != Path::kNaive) {
-    const auto out = path == Path::kCpuKernel
+    const auto out = path == Path::kKernels
                          ? dapo::linear_logprobs(hidden, weight, targets, options)
                          : dapo::detail::linear_logprobs_unchecked(hidden, weight, targets, options, /*use_aten=*/true);
     r.logp = out.logp;
@@ -66,8 +67,8 @@ TEST_CASE("linear_logprobs equals the naive path in value and gradients (double 
           CAPTURE(chunk_size);
           const dapo::LinearLogprobOptions options{chunk_size, temperature, with_entropy};
           const auto naive = run(Path::kNaive, hidden, weight, targets, options, a, b);
-          for (const Path path : {Path::kCpuKernel, Path::kAtenOps}) {
-            CAPTURE(path == Path::kCpuKernel);
+          for (const Path path : {Path::kKernels, Path::kAtenOps}) {
+            CAPTURE(path == Path::kKernels);
             const auto chunked = run(path, hidden, weight, targets, options, a, b);
             CHECK(dapo::test::dtype_name(chunked.logp) == dapo::test::dtype_name(hidden));
             CHECK(relative_error(chunked.logp, naive.logp) < tolerance);
@@ -113,6 +114,75 @@ TEST_CASE("linear_logprobs in bfloat16 computes its statistics in float32, close
   CHECK(relative_error(kernel.logp, exact) < 2e-2);
   CHECK(relative_error(kernel.logp, aten.logp) < 1e-5);
   CHECK(relative_error(kernel.entropy, aten.entropy) < 1e-5);
+}
+
+TEST_CASE(
+    "linear_logprobs in bfloat16: the kernel's and the ATen ops' gradients agree, with and without the entropy's") {
+  torch::manual_seed(11);
+  const int64_t n = 19, h = 32, v = 257;
+  const auto hidden = torch::randn({n, h}, torch::kFloat64);
+  const auto weight = torch::randn({v, h}, torch::kFloat64) * 0.3;
+  const auto targets = torch::randint(v, {n}, torch::kLong);
+  const auto a = torch::randn({n}, torch::kFloat64), b = torch::randn({n}, torch::kFloat64);
+  const auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+  for (const bool entropy_gradient : {false, true}) {
+    CAPTURE(entropy_gradient);
+    // The entropy is computed either way; only its gradient is switched (b or zero), so both ATen branches run.
+    const dapo::LinearLogprobOptions options{.chunk_size = 8, .temperature = 0.8, .with_entropy = true};
+    const auto weights_b = entropy_gradient ? b : torch::zeros_like(b);
+    const auto exact = run(Path::kNaive, hidden, weight, targets, options, a, weights_b);
+    const auto kernel = run(Path::kKernels, bf16(hidden), bf16(weight), targets, options, a, weights_b);
+    const auto aten = run(Path::kAtenOps, bf16(hidden), bf16(weight), targets, options, a, weights_b);
+    CHECK(dapo::test::dtype_name(aten.grad_hidden) == "BFloat16");
+    // bfloat16 products and gradients: both within bfloat16's rounding of the double path, and of each other.
+    for (const auto* r : {&kernel, &aten}) {
+      CHECK(relative_error(r->grad_hidden, exact.grad_hidden) < 3e-2);
+      CHECK(relative_error(r->grad_weight, exact.grad_weight) < 3e-2);
+    }
+    CHECK(relative_error(aten.grad_hidden, kernel.grad_hidden) < 2e-2);
+    CHECK(relative_error(aten.grad_weight, kernel.grad_weight) < 2e-2);
+    CHECK(relative_error(aten.logp, kernel.logp) < 1e-5);
+    CHECK(relative_error(aten.entropy, kernel.entropy) < 1e-5);
+  }
+}
+
+TEST_CASE("CUDA: linear_logprobs on CUDA equals the CPU kernel (float32, bfloat16, entropy, temperature, gradients)") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the CUDA linear_logprobs checks are skipped");
+    return;
+  }
+  MESSAGE("linear_logprobs on CUDA runs "
+          << (dapo::detail::cuda_logprob_kernels().statistics != nullptr ? "the kernels of dapo::cuda"
+                                                                         : "ATen ops (no dapo::cuda registered)"));
+  torch::manual_seed(13);
+  const torch::Device cuda(torch::kCUDA, 0);
+  // A vocabulary that is not a multiple of the block's threads, rows that are not a multiple of the chunk.
+  const int64_t n = 45, h = 64, v = 1531;
+  const auto hidden = torch::randn({n, h}, torch::kFloat64);
+  const auto weight = torch::randn({v, h}, torch::kFloat64) * 0.4;
+  const auto targets = torch::randint(v, {n}, torch::kLong);
+  const auto a = torch::randn({n}, torch::kFloat64), b = torch::randn({n}, torch::kFloat64);
+  const auto on = [&](const torch::Tensor& t) { return t.to(cuda); };
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const bool with_entropy : {false, true}) {
+      CAPTURE(c10::toString(dtype));
+      CAPTURE(with_entropy);
+      const dapo::LinearLogprobOptions options{.chunk_size = 16, .temperature = 0.7, .with_entropy = with_entropy};
+      const auto cpu = run(Path::kKernels, hidden.to(dtype), weight.to(dtype), targets, options, a, b);
+      const auto gpu =
+          run(Path::kKernels, on(hidden.to(dtype)), on(weight.to(dtype)), on(targets), options, on(a), on(b));
+      const auto gpu_aten =
+          run(Path::kAtenOps, on(hidden.to(dtype)), on(weight.to(dtype)), on(targets), options, on(a), on(b));
+      const double values = dtype == torch::kFloat32 ? 1e-5 : 1e-2, grads = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
+      for (const auto* r : {&gpu, &gpu_aten}) {
+        CHECK(r->logp.is_cuda());
+        CHECK(relative_error(r->logp.cpu(), cpu.logp) < values);
+        if (with_entropy) CHECK(relative_error(r->entropy.cpu(), cpu.entropy) < values);
+        CHECK(relative_error(r->grad_hidden.cpu(), cpu.grad_hidden) < grads);
+        CHECK(relative_error(r->grad_weight.cpu(), cpu.grad_weight) < grads);
+      }
+    }
+  }
 }
 
 TEST_CASE("linear_logprobs with check_targets = false: the same values; the shape and dtype checks still made") {

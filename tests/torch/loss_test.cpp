@@ -172,6 +172,83 @@ TEST_CASE(
   CHECK(dual_clipped);  // and past the dual clip's bound
 }
 
+TEST_CASE("policy_loss with defer_data_checks: on the CPU the data is checked at once and no data_check comes back") {
+  std::mt19937_64 rng(31);
+  auto c = dapo::test::random_loss_case(rng, 6, 9, false, {});
+  c.options.defer_data_checks = true;
+  const auto deferred = run_torch(c, torch::kFloat32);
+  c.options.defer_data_checks = false;
+  const auto immediate = run_torch(c, torch::kFloat32);
+  CHECK_FALSE(deferred.output.data_check.defined());
+  CHECK(deferred.output.loss.item<float>() == immediate.output.loss.item<float>());
+  CHECK(deferred.grad == immediate.grad);
+  using dapo::test::tensor;
+  auto mask = tensor(c.mask, {c.rows, c.cols});
+  mask[2][3] = 0.5;
+  c.options.defer_data_checks = true;
+  const auto logp = tensor(c.logp, {c.rows, c.cols});
+  CHECK_THROWS_WITH_AS(
+      dapo::policy_loss(logp, tensor(c.old_logp, {c.rows, c.cols}), tensor(c.advantages, {c.rows}), mask, c.options),
+      doctest::Contains("mask[2, 3] is 0.5, expected 0 or 1"), std::invalid_argument);
+  CHECK_NOTHROW(dapo::check_deferred_policy_loss(0.0, mask, c.options));  // 0: the call checked, or passed
+  CHECK_THROWS_WITH_AS(dapo::check_deferred_policy_loss(1.0, mask, c.options),
+                       doctest::Contains("mask[2, 3] is 0.5, expected 0 or 1"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dapo::check_deferred_policy_loss(1.0, tensor(c.mask, {c.rows, c.cols}), c.options),
+                       doctest::Contains("pass the call's own mask and options"), std::invalid_argument);
+}
+
+TEST_CASE(
+    "CUDA: policy_loss with defer_data_checks waits for nothing, equals the immediate call, raises once checked") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the deferred CUDA policy_loss checks are skipped");
+    return;
+  }
+  const torch::Device cuda(torch::kCUDA, 0);
+  const bool registered = dapo::detail::cuda_policy_loss_deferred() != nullptr;
+  MESSAGE("deferred policy_loss on CUDA: " << (registered ? "the kernel finishes on the device (dapo::cuda)"
+                                                          : "no dapo::cuda registered: checked at once"));
+  std::mt19937_64 rng(37);
+  for (const auto& [aggregation, name] : dapo::kAggregationNames) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      CAPTURE(name);
+      CAPTURE(c10::toString(dtype));
+      dapo::PolicyLossOptions options{.dual_clip = 3.0, .aggregation = aggregation, .group_size = 4, .norm_length = 32};
+      auto c = dapo::test::random_loss_case(rng, 8, 33, false, options);
+      const auto immediate = run_torch(c, dtype, false, kFused, cuda);
+      c.options.defer_data_checks = true;
+      const auto deferred = run_torch(c, dtype, false, kFused, cuda);
+      CHECK(deferred.output.data_check.defined() == registered);
+      if (registered) CHECK(deferred.output.data_check.item<double>() == 0.0);
+      // The partials are added in the same order on the device: the same bits. The gradient's factor is rounded once.
+      CHECK(deferred.output.loss.item<double>() == immediate.output.loss.item<double>());
+      CHECK(deferred.output.clip_fraction.item<double>() == immediate.output.clip_fraction.item<double>());
+      CHECK(deferred.output.approx_kl.item<double>() == immediate.output.approx_kl.item<double>());
+      check_runs_agree(deferred, immediate, 0.0, 0.0, dtype == torch::kBFloat16 ? 1e-2 : 1e-6);
+    }
+  }
+  if (!registered) return;
+  // Bad data: the immediate call raises; the deferred one flags it, and check_deferred_policy_loss raises the same.
+  std::mt19937_64 bad_rng(41);
+  const auto c = dapo::test::random_loss_case(bad_rng, 8, 12, false, {});
+  using dapo::test::tensor;
+  auto mask = tensor(c.mask, {c.rows, c.cols});
+  mask[5][7] = 2.0;
+  const auto logp = tensor(c.logp, {c.rows, c.cols}).to(cuda), old_logp = tensor(c.old_logp, {c.rows, c.cols}).to(cuda);
+  const auto advantages = tensor(c.advantages, {c.rows}).to(cuda);
+  dapo::PolicyLossOptions options = c.options;
+  options.defer_data_checks = true;
+  const auto out = dapo::policy_loss(logp, old_logp, advantages, mask.to(cuda), options);
+  CHECK(out.data_check.item<double>() != 0.0);
+  CHECK_THROWS_WITH_AS(dapo::check_deferred_policy_loss(out.data_check.item<double>(), mask, options),
+                       doctest::Contains("mask[5, 7] is 2, expected 0 or 1"), std::invalid_argument);
+  options.global_token_count = 3.0;  // fewer than the call's own tokens
+  options.defer_data_checks = true;
+  const auto fixed_mask = tensor(c.mask, {c.rows, c.cols});
+  const auto counted = dapo::policy_loss(logp, old_logp, advantages, fixed_mask.to(cuda), options);
+  CHECK_THROWS_WITH_AS(dapo::check_deferred_policy_loss(counted.data_check.item<double>(), fixed_mask, options),
+                       doctest::Contains("global_token_count is 3 but this batch alone holds"), std::invalid_argument);
+}
+
 TEST_CASE("fused policy_loss: same bits for any thread count; masked padding may hold NaN; grad_output scales") {
   std::mt19937_64 rng(9);
   const auto c = dapo::test::random_loss_case(rng, 64, 1000, true, {.dual_clip = 3.0});

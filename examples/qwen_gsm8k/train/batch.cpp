@@ -161,10 +161,6 @@ TargetLogprobs lm_head_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& se
   return result;
 }
 
-}  // namespace
-
-namespace {
-
 // target_logprobs of the targets at `positions` (target_positions of the loss mask).
 TargetLogprobs logprobs_at(Qwen2ForCausalLM& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                            const torch::Tensor& positions, const LogprobOptions& options) {
@@ -307,7 +303,7 @@ std::vector<int64_t> values_of(const torch::Tensor& tensor) {
   return {tensor.data_ptr<int64_t>(), tensor.data_ptr<int64_t>() + tensor.numel()};
 }
 
-// (Host tensors.)
+// The shared-prompt form of a batch and its targets' positions, from host tensors (nothing here waits for a device).
 SharedTargets shared_targets(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                              const torch::Tensor& loss_mask, const std::vector<int64_t>& prompt_lengths) {
   SharedTargets out;

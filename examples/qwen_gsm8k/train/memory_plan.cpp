@@ -121,14 +121,14 @@ MemoryPlan plan_memory(const MemoryPlanInput& input) {
   }
   const int64_t per_token = activation_bytes_per_token(c, autocast, input.eager_attention, input.cuda, T);
   // The lm-head's log-probs run over the response tokens in chunks of logprob_chunk rows: one [chunk, V] buffer of
-  // logits in the forward's dtype on the CPU (its backward turns them into their gradient in place), and a work buffer
-  // beside it elsewhere (dapo::linear_logprobs).
+  // logits in the forward's dtype, which the backward turns into their gradient in place (dapo::linear_logprobs'
+  // kernels on the CPU and, with dapo::cuda, on CUDA: no other buffer).
   const auto lm_head_chunk = [&](int64_t tokens) {
     const int64_t targets = tokens / T * o.max_new_tokens + std::min(tokens % T, o.max_new_tokens);
-    return std::min(o.logprob_chunk, targets) * V * ab * (input.cuda ? 2 : 1);
+    return std::min(o.logprob_chunk, targets) * V * ab;
   };
 
-  // The no-grad log-prob passes: one layer's work at a time, the lm-head's chunk of logits and its work buffer.
+  // The no-grad log-prob passes: one layer's work at a time, the lm-head's chunk of logits.
   plan.phases.push_back(phase("log-probs", {{"hidden states", logprob_tokens * H * 4 * 2},
                                             {"one layer's work", logprob_tokens * per_token},
                                             {"lm-head chunk", lm_head_chunk(logprob_tokens)},

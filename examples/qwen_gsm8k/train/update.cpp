@@ -287,17 +287,20 @@ struct PolicyUpdate::LossShares {
 
 // The update's metrics, on the device in float64 until the one read after the optimizer step: the loss, the clipped
 // tokens and the KL loss summed over the micro-batches, and each micro-batch's dual-clipped tokens and approximate KL
-// (added to the step's sums in order if the update is applied).
+// (added to the step's sums in order if the update is applied) and its loss's data check (0 when its data passed: on
+// CUDA, dapo::policy_loss checks on the device and the host raises after the read).
 struct PolicyUpdate::UpdateTotals {
   torch::Tensor loss, clipped, kl_loss;
-  std::vector<torch::Tensor> dual_clipped, kl;
+  std::vector<torch::Tensor> dual_clipped, kl, data_checks;
 
-  // Laid out for the read as `Slot` names them, after the optimizer's norm.
+  // Laid out for the read as `Slot` names them, after the optimizer's norm: kPerMicroBatch is followed by the
+  // micro-batches' dual-clipped tokens, then their approximate KL, then their data checks.
   enum Slot : std::ptrdiff_t { kNorm, kLoss, kClipped, kKlLoss, kPerMicroBatch };
   torch::Tensor stacked() const {
     std::vector<torch::Tensor> values{loss, clipped, kl_loss};
     values.insert(values.end(), dual_clipped.begin(), dual_clipped.end());
     values.insert(values.end(), kl.begin(), kl.end());
+    values.insert(values.end(), data_checks.begin(), data_checks.end());
     return torch::stack(values);
   }
 };
@@ -309,6 +312,7 @@ PolicyUpdate::LossShares PolicyUpdate::loss_shares(const TrainBatch& batch, cons
   loss_options.norm_length = response_budget(options).norm_length;
   LossShares shares;
   shares.share = dapo::micro_batch_options(loss_options, mini.counts);
+  shares.share.defer_data_checks = true;  // read with the update's metrics (UpdateTotals::data_check)
   // The KL and entropy terms' aggregation: the token-level losses' (geo_mean's mean over rows has no token weights).
   dapo::PolicyLossOptions token_options = loss_options;
   token_options.mode = dapo::PolicyLossMode::kVanilla;
@@ -377,10 +381,25 @@ void PolicyUpdate::accumulate_micro_batch(TrainBatch& batch, const MiniBatch& mi
   }
   total.backward();
   const double micro_tokens = host_mask.sum().item<double>();  // the host's mask
+  totals.data_checks.push_back(out.data_check.defined() ? out.data_check : torch::zeros_like(totals.loss));
   totals.loss = totals.loss + as_double(out.loss);
   totals.clipped = totals.clipped + as_double(out.clip_fraction) * micro_tokens;
   totals.dual_clipped.push_back(as_double(out.dual_clip_fraction) * micro_tokens);
   totals.kl.push_back(as_double(out.approx_kl) * micro_tokens);
+}
+
+// The micro-batches' deferred data checks in the update's read: a loss whose data failed raises the error it would
+// have raised at once, named from the micro-batch's host mask.
+void PolicyUpdate::raise_deferred_checks(const torch::Tensor& read, const TrainBatch& batch, const MiniBatch& mini,
+                                         const dapo::PolicyLossOptions& share) {
+  const auto micro_batches = static_cast<std::ptrdiff_t>(mini.micro_batches.size());
+  const double* checks = read.data_ptr<double>() + UpdateTotals::kPerMicroBatch + 2 * micro_batches;
+  for (std::ptrdiff_t i = 0; i < micro_batches; ++i) {
+    const MicroBatch& micro = mini.micro_batches[static_cast<std::size_t>(i)];
+    if (checks[i] == 0.0) continue;
+    dapo::check_deferred_policy_loss(checks[i], micro.take(batch.padded.loss_mask).narrow(1, 0, micro.length - 1),
+                                     share);
+  }
 }
 
 // The update's read (the norm, then UpdateTotals::stacked()) into the step's sums; a non-finite norm skipped the
@@ -411,7 +430,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   const LossShares shares = loss_shares(batch, mini);
   release_gradients(model->parameters());  // none left by the last update; any a caller left start nothing
   const torch::Tensor zero = torch::zeros({}, model->lm_head_weight().options().dtype(torch::kFloat64));
-  UpdateTotals totals{zero, zero, zero, {}, {}};
+  UpdateTotals totals{zero, zero, zero, {}, {}, {}};
   for (const MicroBatch& micro : mini.micro_batches) {
     accumulate_micro_batch(batch, mini, micro, shares, first, sums, totals);
   }
@@ -423,6 +442,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   // read: the norm (whether the step applied) and the metrics.
   const torch::Tensor read = optimizer.step_and_read(options.grad_clip, totals.stacked());
   release_gradients(model->parameters());
+  raise_deferred_checks(read, batch, mini, shares.share);
   settle_update(read, mini, lr, sums);
 }
 

@@ -142,6 +142,8 @@ struct PolicyUpdate {
   LossShares loss_shares(const TrainBatch& batch, const MiniBatch& mini) const;
   void accumulate_micro_batch(TrainBatch& batch, const MiniBatch& mini, const MicroBatch& micro,
                               const LossShares& shares, bool first, Sums& sums, UpdateTotals& totals);
+  static void raise_deferred_checks(const torch::Tensor& read, const TrainBatch& batch, const MiniBatch& mini,
+                                    const dapo::PolicyLossOptions& share);
   static void settle_update(const torch::Tensor& read, const MiniBatch& mini, double lr, Sums& sums);
   void update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums);
   UpdateMetrics reduce(const TrainBatch& batch, Sums& sums) const;

@@ -70,6 +70,10 @@ struct PolicyLossOptions {
   double clip_cov_lb = 1.0, clip_cov_ub = 5.0;  // clip_cov: the covariance band a detached token comes from
   double count_epsilon = 0.0;                   // added to every count a mean divides by (kVerlCountEpsilon: verl's)
   double delta = 0.0;  // vanilla: TRL's two-sided clip, the unclipped ratio capped at delta (> 1 + clip_high); 0: off
+  // dapo::policy_loss on CUDA with the dapo::cuda kernel: the host does not wait for the device. The loss and metrics
+  // stay there, and the data checks (mask values, empty groups, the global counts) come back as the output's
+  // data_check, for dapo::check_deferred_policy_loss once the caller reads it. Elsewhere the data is checked at once.
+  bool defer_data_checks = false;
 };
 
 // verl's loss_agg_mode names.

@@ -216,10 +216,11 @@ cudaError_t launch_vanilla_policy_loss(const core::PolicyLossInputs<T, A, M>& in
   return detail::launch_impl<false, C>(in, options, raw_grad, partials, stream);
 }
 
-// Adds the units' sums (host copies, in unit order) into the batch's; returns the index of the first unit with an
-// invalid mask value or, under group-token-mean, of the first group without a token; -1 when all are fine.
-inline int64_t add_unit_sums(const UnitSums* host_partials, int64_t units, bool grouped, core::PolicyLossSums& total,
-                             bool& invalid_mask) {
+// Adds the units' sums (in unit order: host copies, or the device's in finish_units_kernel) into the batch's; returns
+// the index of the first unit with an invalid mask value or, under group-token-mean, of the first group without a
+// token; -1 when all are fine.
+DAPO_HOST_DEVICE inline int64_t add_unit_sums(const UnitSums* host_partials, int64_t units, bool grouped,
+                                              core::PolicyLossSums& total, bool& invalid_mask) {
   invalid_mask = false;
   for (int64_t u = 0; u < units; ++u) {
     const UnitSums& s = host_partials[u];
@@ -236,6 +237,51 @@ inline int64_t add_unit_sums(const UnitSums* host_partials, int64_t units, bool 
     total.nonempty_rows += static_cast<int64_t>(s.nonempty_rows);
   }
   return -1;
+}
+
+// The finished call on the device, float64 values in this order (launch_finish_policy_loss).
+enum FinishedField : int {
+  kFinishedLoss,
+  kFinishedClipFraction,
+  kFinishedDualClipFraction,
+  kFinishedApproxKl,
+  kFinishedGradScale,
+  kFinishedDataCheck,  // 0: the data passed; 1: a bad mask value, an empty group or counts beyond the global ones
+  kFinishedFields
+};
+
+namespace detail {
+
+// One thread: the units' sums in unit order, then core::finish_policy_loss's arithmetic, so the values are the bits
+// the host would compute from the same partials, and the data checks are a flag instead of an exception. (A template,
+// as every kernel here, so that each program's .cu files share one definition.)
+template <class Options>
+__global__ void finish_units_kernel(const UnitSums* partials, int64_t units, bool grouped, int64_t rows, int64_t cols,
+                                    Options options, double* finished) {
+  core::PolicyLossSums total;
+  bool invalid_mask = false;
+  const bool bad =
+      add_unit_sums(partials, units, grouped, total, invalid_mask) >= 0 || core::beyond_global_counts(total, options);
+  const core::PolicyLossKernelResult out =
+      core::scaled_result(total, core::aggregation_scale(total, rows, cols, options), options);
+  finished[kFinishedLoss] = out.result.loss;
+  finished[kFinishedClipFraction] = out.result.clip_fraction;
+  finished[kFinishedDualClipFraction] = out.result.dual_clip_fraction;
+  finished[kFinishedApproxKl] = out.result.approx_kl;
+  finished[kFinishedGradScale] = out.grad_scale;
+  finished[kFinishedDataCheck] = bad ? 1.0 : 0.0;
+}
+
+}  // namespace detail
+
+// Finishes a call on `stream` from the kernel's partials (device memory, policy_loss_units entries) into finished
+// (device memory, kFinishedFields doubles): no copy to the host, nothing waits.
+inline cudaError_t launch_finish_policy_loss(const UnitSums* partials, int64_t units, int64_t rows, int64_t cols,
+                                             const PolicyLossOptions& options, double* finished, cudaStream_t stream) {
+  const bool grouped = options.aggregation == LossAggregation::kGroupTokenMean;
+  detail::finish_units_kernel<PolicyLossOptions>
+      <<<1, 1, 0, stream>>>(partials, units, grouped, rows, cols, options, finished);
+  return cudaGetLastError();
 }
 
 }  // namespace dapo::cuda

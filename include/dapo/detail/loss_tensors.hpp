@@ -17,6 +17,9 @@ struct PolicyLossOutput {
   torch::Tensor clip_fraction;       // share of masked tokens where the loss's clip acted (verl's pg_clipfrac)
   torch::Tensor dual_clip_fraction;  // share capped by the dual clip or dppo's ratio cap (pg_clipfrac_lower)
   torch::Tensor approx_kl;           // masked mean of old_logp - logp (verl's ppo_kl; kl_cov: of |logp - old_logp|)
+  // With PolicyLossOptions::defer_data_checks on CUDA: a float64 scalar on the device, 0 when the data passed its
+  // checks (dapo::check_deferred_policy_loss raises what it found); undefined when the data was checked at once.
+  torch::Tensor data_check = {};
 };
 
 namespace detail {

@@ -331,9 +331,9 @@ namespace core {
 inline namespace DAPO_KERNEL_ABI {  // the CPU kernel: see kernel_abi.hpp
 
 // The loss (the sums' loss times the batch-wide factor `scale`, which is also grad_scale) and the metrics, the shares
-// of masked tokens, each count + count_epsilon as verl divides.
-inline PolicyLossKernelResult scaled_result(const PolicyLossSums& total, double scale,
-                                            const PolicyLossOptions& options) {
+// of masked tokens, each count + count_epsilon as verl divides. Host and device code (a CUDA kernel finishes there).
+DAPO_HOST_DEVICE inline PolicyLossKernelResult scaled_result(const PolicyLossSums& total, double scale,
+                                                             const PolicyLossOptions& options) {
   PolicyLossKernelResult out;
   out.grad_scale = scale;
   out.result.loss = total.loss * scale;
@@ -347,54 +347,63 @@ inline PolicyLossKernelResult scaled_result(const PolicyLossSums& total, double 
   return out;
 }
 
-// The loss, the metrics and grad_scale from the weighted sums of a whole batch (any device's kernel). grad_scale is
-// the batch-wide factor of the aggregation: 1 / the count it divides by, this call's own or the options' global one.
-inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, int64_t rows, int64_t cols,
-                                                 const PolicyLossOptions& options, const char* where) {
-  DAPO_REQUIRE(options.global_token_count == 0.0 || options.global_token_count >= total.tokens, where,
-               "global_token_count is ", options.global_token_count, " but this batch alone holds ", total.tokens,
-               " masked tokens");
-  const bool seq_mean = options.aggregation == LossAggregation::kSeqMeanTokenMean ||
-                        options.aggregation == LossAggregation::kSeqMeanTokenSum ||
-                        options.aggregation == LossAggregation::kSeqMeanTokenSumNorm;
-  DAPO_REQUIRE(!seq_mean || options.global_row_count == 0.0 ||
-                   options.global_row_count >= static_cast<double>(total.nonempty_rows),
-               where, "global_row_count is ", options.global_row_count, " but this batch alone holds ",
-               total.nonempty_rows, " rows with a masked token");
-  double scale = 0.0;
+// The aggregations whose batch-wide count is of rows with a masked token, or of all rows (seq-mean-token-sum-norm).
+DAPO_HOST_DEVICE inline bool is_seq_mean(LossAggregation aggregation) {
+  return aggregation == LossAggregation::kSeqMeanTokenMean || aggregation == LossAggregation::kSeqMeanTokenSum ||
+         aggregation == LossAggregation::kSeqMeanTokenSumNorm;
+}
+
+// Whether the sums hold more masked tokens, or rows with one, than the options' global counts allow (what
+// finish_policy_loss refuses).
+DAPO_HOST_DEVICE inline bool beyond_global_counts(const PolicyLossSums& total, const PolicyLossOptions& options) {
+  const bool tokens = options.global_token_count != 0.0 && options.global_token_count < total.tokens;
+  const bool rows = is_seq_mean(options.aggregation) && options.global_row_count != 0.0 &&
+                    options.global_row_count < static_cast<double>(total.nonempty_rows);
+  return tokens || rows;
+}
+
+// The batch-wide factor of the aggregation: 1 / the count it divides by, this call's own or the options' global one.
+DAPO_HOST_DEVICE inline double aggregation_scale(const PolicyLossSums& total, int64_t rows, int64_t cols,
+                                                 const PolicyLossOptions& options) {
   switch (options.aggregation) {
     case LossAggregation::kTokenMean: {
       const double denominator = options.global_token_count > 0.0 ? options.global_token_count : total.tokens;
-      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
-      break;
+      return denominator > 0.0 ? 1.0 / denominator : 0.0;
     }
     case LossAggregation::kGroupTokenMean:
-      if (options.global_group_count > 0.0) {
-        scale = 1.0 / options.global_group_count;
-      } else {
-        scale = rows > 0 ? static_cast<double>(options.group_size) / static_cast<double>(rows) : 0.0;
-      }
-      break;
+      if (options.global_group_count > 0.0) return 1.0 / options.global_group_count;
+      return rows > 0 ? static_cast<double>(options.group_size) / static_cast<double>(rows) : 0.0;
     case LossAggregation::kSeqMeanTokenMean:
     case LossAggregation::kSeqMeanTokenSum: {
       const double denominator =
           options.global_row_count > 0.0 ? options.global_row_count : static_cast<double>(total.nonempty_rows);
-      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
-      break;
+      return denominator > 0.0 ? 1.0 / denominator : 0.0;
     }
     case LossAggregation::kSeqMeanTokenSumNorm: {
       const double norm_length = options.norm_length > 0.0 ? options.norm_length : static_cast<double>(cols);
       const double row_count = options.global_row_count > 0.0 ? options.global_row_count : static_cast<double>(rows);
       // 0 when the batch has no row or no column (nothing to average), never 1/0.
       const double denominator = norm_length * row_count;
-      scale = denominator > 0.0 ? 1.0 / denominator : 0.0;
-      break;
+      return denominator > 0.0 ? 1.0 / denominator : 0.0;
     }
     case LossAggregation::kTokenSum:
-      scale = 1.0;
-      break;
+      return 1.0;
   }
-  return scaled_result(total, scale, options);
+  return 0.0;
+}
+
+// The loss, the metrics and grad_scale from the weighted sums of a whole batch (any device's kernel), after checking
+// the sums against the options' global counts.
+inline PolicyLossKernelResult finish_policy_loss(const PolicyLossSums& total, int64_t rows, int64_t cols,
+                                                 const PolicyLossOptions& options, const char* where) {
+  DAPO_REQUIRE(options.global_token_count == 0.0 || options.global_token_count >= total.tokens, where,
+               "global_token_count is ", options.global_token_count, " but this batch alone holds ", total.tokens,
+               " masked tokens");
+  DAPO_REQUIRE(!is_seq_mean(options.aggregation) || options.global_row_count == 0.0 ||
+                   options.global_row_count >= static_cast<double>(total.nonempty_rows),
+               where, "global_row_count is ", options.global_row_count, " but this batch alone holds ",
+               total.nonempty_rows, " rows with a masked token");
+  return scaled_result(total, aggregation_scale(total, rows, cols, options), options);
 }
 
 // The fused policy loss: one pass over the inputs writes the raw gradient (when raw_grad is not null) and returns the
