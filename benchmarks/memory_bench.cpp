@@ -3,10 +3,10 @@
 // leaves for its backward, and the peak through forward and backward beyond the weights and their gradients, with and
 // without gradient checkpointing, in float32 and under bfloat16 autocast, and the seconds each takes. Two layer counts
 // separate the per-layer part (bytes per token per decoder layer) from the rest (embeddings, final norm, lm-head).
-// Under autocast each layer's forward also keeps its weights' bfloat16 casts for the backward (a fixed number of bytes
-// per layer, not per token): they are taken out of the per-token figure and shown on their own.
-// Then, at the second layer count, the memory plan (train/memory_plan.hpp) against the update's whole measured peak:
-// the weights, then two rounds of forward, backward and AdamW step, as the trainer's update runs them.
+// Under autocast each layer's weights' bfloat16 casts stay for the backward, as the trainer's WeightCastScope keeps
+// them (a fixed number of bytes per layer, not per token): they are taken out of the per-token figure and shown on
+// their own. Then, at the second layer count, the memory plan (train/memory_plan.hpp) against the update's whole
+// measured peak: the weights, then two rounds of forward, backward and AdamW step, as the trainer's update runs them.
 // A random model of the named shape with fewer layers: the layers are the shape's own.
 // Usage: memory_bench [--shape qwen2.5-1.5b|qwen2.5-0.5b|small|demo] [--layers A] [--more-layers B] [--rows R]
 //                     [--tokens T] [--response R] [--threads N] [--json PATH]
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/cli/runtime.hpp"
+#include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/host_door.hpp"
 #include "qwen_gsm8k/model/memory_tracker.hpp"
@@ -60,10 +61,12 @@ Measure measure(qwen::Qwen2ForCausalLM& model, const Args& args, bool checkpoint
   const qwen::CpuMemoryTracker tracker;
   const int64_t base = tracker.current_bytes();
   const auto started = std::chrono::steady_clock::now();
+  std::optional<qwen::WeightCastScope> casts(std::in_place);  // the trainer's: one cast per weight and optimizer step
   const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast}).logp;
   Measure out;
   out.held = tracker.current_bytes() - base;
   (-logp.sum()).backward();
+  casts.reset();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::vector<torch::Tensor> gradients;
   for (const auto& parameter : model->parameters()) {
@@ -90,8 +93,11 @@ int64_t measure_update_peak(qwen::Qwen2ForCausalLM& model, const Args& args, boo
   {
     qwen::ClippedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-6));
     for (int round = 0; round < 2; ++round) {
-      const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast}).logp;
-      (-logp.sum()).backward();
+      {
+        const qwen::WeightCastScope casts;  // the update's, gone before AdamW's step
+        const torch::Tensor logp = qwen::target_logprobs(model, ids, attention, loss_mask, {.autocast = autocast}).logp;
+        (-logp.sum()).backward();
+      }
       optimizer.applied(std::isfinite(qwen::host_door::read(optimizer.clip_and_step(1.0)).item<double>()));
       qwen::release_gradients(model->parameters());
     }
@@ -117,6 +123,7 @@ PlannedPeak planned_update_peak(const qwen::Config& config, const Args& args, bo
   input.options.gradient_checkpointing = checkpointing;
   input.max_prompt_tokens = args.tokens - args.response;
   input.eager_attention = !qwen::uses_sdpa_on_cpu();
+  input.options.free_cache_engine = true;  // no rollout engine here: the update alone
   PlannedPeak peak;
   for (const auto& phase : qwen::plan_memory(input).phases) {
     if (phase.name != "rollout" && phase.name != "log-probs" && phase.bytes() > peak.bytes) {
@@ -197,10 +204,9 @@ int main(int argc, char** argv) try {
   const auto span = static_cast<double>(args.more_layers - args.layers);
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const Measure &a = by_layers[0][i], &b = by_layers[1][i];
-    // The weights' casts stay for the backward only where the forward records a graph through the layer.
-    const int64_t casts = cases[i].autocast && !cases[i].checkpointing
-                              ? layer_linear_elements * static_cast<int64_t>(c10::elementSize(*cases[i].autocast))
-                              : 0;
+    // The weights' casts stay for the backward (WeightCastScope), with checkpointing too.
+    const int64_t casts =
+        cases[i].autocast ? layer_linear_elements * static_cast<int64_t>(c10::elementSize(*cases[i].autocast)) : 0;
     const double per_layer = static_cast<double>(b.held - a.held) / span;
     const double per_layer_token = (per_layer - static_cast<double>(casts)) / static_cast<double>(tokens);
     const double rest = static_cast<double>(a.held) - per_layer * static_cast<double>(args.layers);

@@ -8,11 +8,13 @@
 // the trainer asks, every row running to max_new_tokens; the ops of a run of 2m tokens minus those of a run of m
 // tokens, over m: exactly the ops of one decode step (the prefill and the final check cancel). Training forward: the
 // trainer's target_logprobs (the model's forward and the chunked lm-head log-probs) on --rows right-padded rows of
-// --length tokens, with gradients; then its backward. Counted: every operator call (nested ones too: what one op
-// dispatches to) and the top-level ones. Which attention runs depends on LibTorch (model.hpp): before 2.14 the CPU
-// has the eager products, from 2.14 scaled_dot_product_attention as on CUDA.
-// Usage: ops_bench [--shape NAME] [--autocast none|bfloat16] [--rows N] [--tokens M] [--length L] [--threads N]
-//                  [--json PATH]
+// --length tokens, with gradients; then its backward; counted on a micro-batch after an optimizer step's first, whose
+// weight casts it reads (--weight-casts step, the trainer's WeightCastScope; autocast: each forward casts its own).
+// Counted: every operator call (nested ones too: what one op dispatches to) and the top-level ones. Which attention
+// runs depends on LibTorch (model.hpp): before 2.14 the CPU has the eager products, from 2.14
+// scaled_dot_product_attention as on CUDA. Usage: ops_bench [--shape NAME] [--autocast none|bfloat16] [--weight-casts
+// step|autocast] [--rows N] [--tokens M]
+//                  [--length L] [--threads N] [--json PATH]
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -23,6 +25,8 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -133,7 +137,7 @@ class OpCounter {
 };
 
 struct Args {
-  std::string shape = "qwen2.5-1.5b", autocast = "bfloat16", json;
+  std::string shape = "qwen2.5-1.5b", autocast = "bfloat16", weight_casts = "step", json;
   bool trace = false;
   int64_t head_dim = 16, intermediate = 256, vocab = 2048, rows = 8, tokens = 16, length = 96, threads = 2;
 };
@@ -213,6 +217,8 @@ int main(int argc, char** argv) {
     dapo::bench::Flags flags("ops_bench");
     flags.text("--shape", args.shape, "NAME", std::string("whose layers and heads: ") + dapo::bench::kShapeNames)
         .text("--autocast", args.autocast, "DTYPE", "none or bfloat16 (as on CUDA)")
+        .text("--weight-casts", args.weight_casts, "WHERE",
+              "step (the trainer's: one cast per weight and optimizer step) or autocast (each forward's own)")
         .integer("--head-dim", args.head_dim, 2, "D", "head dimension (hidden = heads x D)")
         .integer("--intermediate", args.intermediate, 1, "N", "MLP width")
         .integer("--vocab", args.vocab, 64, "V", "vocabulary")
@@ -264,7 +270,16 @@ int main(int argc, char** argv) {
     const torch::Tensor loss_mask = mask.narrow(1, 1, args.length - 1).to(torch::kBool);
     qwen::LogprobOptions logprob_options;
     logprob_options.autocast = autocast_dtype(args.autocast);
+    if (args.weight_casts != "step" && args.weight_casts != "autocast") {
+      throw std::invalid_argument("--weight-casts is '" + args.weight_casts + "', expected step or autocast");
+    }
+    // The trainer casts each weight once per optimizer step (WeightCastScope): the counted micro-batch is one after
+    // the step's first (the warm-up), which made the casts.
+    std::optional<qwen::WeightCastScope> step_casts;
+    if (args.weight_casts == "step") step_casts.emplace();
+    const OpCounter::Counts before_warm_up = OpCounter::snapshot();
     qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).logp.sum().backward();  // warm-up
+    const OpCounter::Counts warm_up = OpCounter::snapshot() - before_warm_up;
     model->zero_grad();
     const OpCounter::Counts before_forward = OpCounter::snapshot();
     const torch::Tensor logp = qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).logp;
@@ -280,10 +295,14 @@ int main(int argc, char** argv) {
         "  decode step (%lld rows): %.1f ops (%.1f top-level), %.1f casts a CUDA run launches, %.3f ms host time\n",
         static_cast<long long>(args.rows), static_cast<double>(decode.all) / per_step,
         static_cast<double>(decode.top_level) / per_step, static_cast<double>(decode.casts) / per_step, step_ms);
-    std::printf("  training forward (%lld x %lld): %lld ops (%lld top-level); its backward %lld ops\n",
-                static_cast<long long>(args.rows), static_cast<long long>(args.length),
-                static_cast<long long>(forward.all), static_cast<long long>(forward.top_level),
-                static_cast<long long>(backward.all));
+    std::printf(
+        "  training forward (%lld x %lld, weight casts: %s): %lld ops (%lld top-level), %lld casts a CUDA run "
+        "launches; its backward %lld ops, %lld casts; the step's first micro-batch %lld ops, %lld casts\n",
+        static_cast<long long>(args.rows), static_cast<long long>(args.length), args.weight_casts.c_str(),
+        static_cast<long long>(forward.all), static_cast<long long>(forward.top_level),
+        static_cast<long long>(forward.casts), static_cast<long long>(backward.all),
+        static_cast<long long>(backward.casts), static_cast<long long>(warm_up.all),
+        static_cast<long long>(warm_up.casts));
     const nlohmann::json decode_top = top_ops(decode, per_step, 40);
     std::printf("  decode step's ops by name:");
     for (const auto& [name, count] : decode_top.items()) std::printf(" %s %.0f,", name.c_str(), count.get<double>());
@@ -311,7 +330,12 @@ int main(int argc, char** argv) {
                                  {"length", args.length},
                                  {"forward_ops", forward.all},
                                  {"forward_top_level_ops", forward.top_level},
+                                 {"weight_casts", args.weight_casts},
+                                 {"forward_casts", forward.casts},
                                  {"backward_ops", backward.all},
+                                 {"backward_casts", backward.casts},
+                                 {"first_micro_batch_ops", warm_up.all},
+                                 {"first_micro_batch_casts", warm_up.casts},
                                  {"forward_ops_by_name", top_ops(forward, 1.0, 40)}}}};
       dapo::bench::write_json(record, args.json);
     }

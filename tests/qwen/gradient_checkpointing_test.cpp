@@ -1,6 +1,7 @@
 // Gradient checkpointing: the same loss and every gradient with and without it (the recomputation is the same
 // arithmetic, so equal bits; float32 and bfloat16 autocast), and less tensor memory held through the backward,
-// counted by the tracking allocator.
+// counted by the tracking allocator. An optimizer step's weight casts (WeightCastScope): one per weight however many
+// micro-batches and recomputes read it, with the same gradients.
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
@@ -12,6 +13,7 @@
 #include "qwen_gsm8k/model/memory_tracker.hpp"
 #include "qwen_gsm8k/model/model.hpp"
 #include "support/tiny_model.hpp"
+#include "support/weight_casts.hpp"
 
 namespace {
 
@@ -22,9 +24,11 @@ struct Pass {
 };
 
 // One NLL forward and backward of `model` on a left-padded batch, with the tensor bytes held between the two.
-Pass forward_backward(qwen::Qwen2ForCausalLM& model, bool checkpointing, std::optional<torch::ScalarType> autocast) {
+// With `fresh`, the gradients of this pass alone; without, added to those already there (a micro-batch's).
+Pass forward_backward(qwen::Qwen2ForCausalLM& model, bool checkpointing, std::optional<torch::ScalarType> autocast,
+                      bool fresh = true) {
   model->model->set_gradient_checkpointing(checkpointing);
-  model->zero_grad();
+  if (fresh) model->zero_grad();
   torch::manual_seed(11);
   const torch::Tensor ids = torch::randint(0, 97, {3, 64}, torch::kInt64);
   torch::Tensor mask = torch::ones({3, 64}, torch::kInt64);
@@ -86,4 +90,47 @@ TEST_CASE("checkpointed is the function itself without gradients, and a second b
   CHECK(torch::equal(x_grad, x.grad()));
   CHECK(torch::equal(weight_grad, weight.grad()));
   CHECK_THROWS_WITH(out.sum().backward(), doctest::Contains("the backward ran twice"));
+}
+
+TEST_CASE("a WeightCastScope casts each weight once for every micro-batch and recompute, with the same gradients") {
+  // Two micro-batches' forwards and backwards under bfloat16 autocast, with and without checkpointing: inside the scope
+  // each weight matrix (the fused q/k/v and gate/up blocks, o_proj, down_proj and the tied lm-head) is cast once in
+  // all, and every gradient keeps the bits of autocast's own casts.
+  torch::manual_seed(5);
+  qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(97, 64, 4, 2, 4));
+  const int64_t layers = 4, matrices = 4 * layers + 1;
+  const auto two_micro_batches = [&](bool checkpointing, bool scope) {
+    std::optional<qwen::WeightCastScope> casts;
+    if (scope) casts.emplace();
+    std::vector<torch::Tensor> grads;
+    model->zero_grad();
+    for (int micro = 0; micro < 2; ++micro)
+      grads = forward_backward(model, checkpointing, torch::kBFloat16, false).grads;
+    return grads;
+  };
+  two_micro_batches(false, false);  // the fused blocks are made on the first forward
+  for (const bool checkpointing : {false, true}) {
+    CAPTURE(checkpointing);
+    int64_t autocast_casts = 0, scope_casts = 0;
+    std::vector<torch::Tensor> autocast_grads, scope_grads;
+    {
+      const dapo::test::WeightCastCounter counter(model->parameters());
+      autocast_grads = two_micro_batches(checkpointing, false);
+      autocast_casts = counter.casts();
+    }
+    {
+      const dapo::test::WeightCastCounter counter(model->parameters());
+      scope_grads = two_micro_batches(checkpointing, true);
+      scope_casts = counter.casts();
+    }
+    MESSAGE("weight casts for two micro-batches: " << autocast_casts << " by autocast, " << scope_casts
+                                                   << " in a WeightCastScope");
+    CHECK(scope_casts == matrices);
+    CHECK(autocast_casts >= 2 * matrices);
+    REQUIRE(autocast_grads.size() == scope_grads.size());
+    for (std::size_t i = 0; i < scope_grads.size(); ++i) {
+      CAPTURE(i);
+      CHECK(torch::equal(autocast_grads[i], scope_grads[i]));
+    }
+  }
 }

@@ -18,6 +18,7 @@
 #include "qwen_gsm8k/train/trainer.hpp"
 #include "qwen_gsm8k/train/update.hpp"
 #include "support/tiny_model.hpp"
+#include "support/weight_casts.hpp"
 
 namespace {
 
@@ -249,5 +250,30 @@ TEST_CASE("the update waits for the device once per optimizer update and once af
     CHECK(metrics.entropy > 0.0);
     REQUIRE(metrics.rollout_probs_diff.has_value());
     CHECK((*metrics.rollout_probs_diff)[1] > 0.0);
+  }
+}
+
+TEST_CASE("under autocast the update casts each weight once per optimizer update") {
+  // The no-grad passes before the first update and every micro-batch's forward and checkpointed recompute read one
+  // cast of each weight matrix per optimizer update (WeightCastScope), however the rows are cut.
+  for (const bool shared_prompt : {true, false}) {
+    CAPTURE(shared_prompt);
+    qwen::Qwen2ForCausalLM model = extras_model(11);
+    qwen::TrainBatch batch = extras_batch(kAdvantages);
+    batch_logprobs(model, batch);  // the fused blocks are made on the first forward
+    qwen::TrainOptions options;
+    options.autocast = torch::kBFloat16;
+    options.gradient_checkpointing = true;
+    options.shared_prompt = shared_prompt;
+    options.ppo_mini_batch_size = 2;  // two mini-batches of two groups, two micro-batches each
+    options.ppo_micro_batch_size = 1;
+    options.ppo_epochs = 2;
+    model->model->set_gradient_checkpointing(true);
+    const dapo::test::WeightCastCounter counter(model->parameters());
+    int64_t updates = 0;
+    run_update(model, batch, options, nullptr, &updates);
+    const int64_t layers = 2, matrices = 4 * layers + 1;  // q/k/v, o, gate/up and down per layer; the tied lm-head
+    CHECK(updates == 4);
+    CHECK(counter.casts() == updates * matrices);
   }
 }

@@ -8,6 +8,8 @@
 #include <torch/types.h>
 #include <torch/version.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -64,24 +66,44 @@ inline int& guards() {  // AutocastGuards alive on this thread
 }
 }  // namespace autocast_state
 
-// Casts of weights made inside the outermost AutocastGuard, kept until it ends: ATen's autocast keeps its casts of
-// parameters the same way, but only where it caches (LibTorch 1.x's CPU autocast does not) and never for a weight
-// read through a view or a fused block. Keyed by the tensor; the memory it read is checked too.
+// Casts of weights, kept while their holder lives. Two holders:
+// - the outermost AutocastGuard's, without gradients (one cast per generation): ATen's autocast keeps its casts of
+//   parameters the same way, but only where it caches (LibTorch 1.x's CPU autocast does not) and never for a weight
+//   read through a view or a fused block;
+// - a WeightCastScope's (an optimizer step's), with gradients: each cast is a node of the autograd graph, made once
+//   and read by every micro-batch's forward, its checkpointed recomputes and the no-grad passes on the same weights;
+//   each backward through it hands the weight its float32 gradient, as autocast's own cast does.
+// Keyed by the tensor; the memory it read is checked too.
 class WeightCasts {
  public:
   // The cast of `weight` in `dtype`, made the first time it is asked for.
   torch::Tensor get(const torch::Tensor& weight, torch::ScalarType dtype) {
-    const auto found = casts_.find(weight.unsafeGetTensorImpl());
-    if (found != casts_.end() && found->second.data == weight.data_ptr() && found->second.cast.scalar_type() == dtype) {
+    return get(weight, dtype, [&] { return weight; });
+  }
+  // The same for a weight read through `source()` (a view of `key`'s memory that carries its own autograd history, as
+  // a fused block's): the cast of source() in `dtype`. Made with gradients where the source asks for them, whatever
+  // the caller's grad mode, so that a no-grad pass and a recompute with gradients share it.
+  template <typename Source>
+  torch::Tensor get(const torch::Tensor& key, torch::ScalarType dtype, const Source& source) {
+    const std::lock_guard<std::mutex> lock(mutex_);  // a CUDA backward recomputes on the autograd engine's thread
+    const auto found = casts_.find(key.unsafeGetTensorImpl());
+    if (found != casts_.end() && found->second.data == key.data_ptr() && found->second.cast.scalar_type() == dtype) {
       return found->second.cast;
     }
-    torch::Tensor cast = weight.to(dtype);
-    casts_[weight.unsafeGetTensorImpl()] = {weight, cast, weight.data_ptr()};
+    const torch::AutoGradMode grad_mode(with_gradients_);
+    torch::Tensor cast = source().to(dtype);
+    casts_[key.unsafeGetTensorImpl()] = {key, cast, key.data_ptr()};
     return cast;
   }
-  void clear() { casts_.clear(); }
+  void clear() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    casts_.clear();
+  }
+  explicit WeightCasts(bool with_gradients = false) : with_gradients_(with_gradients) {}
 
  private:
+  bool with_gradients_;
+  std::mutex mutex_;
   std::unordered_map<const c10::TensorImpl*, autocast_state::WeightCast> casts_;
 };
 
@@ -92,18 +114,72 @@ inline WeightCasts& region_casts() {  // the outermost AutocastGuard's
 }
 }  // namespace autocast_state
 
-// A weight as a matrix product under autocast should read it: without gradients, inside an AutocastGuard that turned
-// autocast on for the weight's device, a float32 weight's copy in autocast's dtype, made once per outermost guard (one
-// cast per generation, not one per decode step); otherwise the weight itself, for autocast to cast as it does (with
-// gradients the cast belongs in the graph).
-inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
-  if (!weight.defined() || autocast_state::guards() == 0 || torch::GradMode::is_enabled() ||
-      weight.scalar_type() != torch::kFloat32) {
-    return weight;
-  }
+namespace autocast_state {
+// The WeightCastScope's casts this thread reads (a checkpointed recompute installs its forward's: CheckpointBackward).
+inline std::shared_ptr<WeightCasts>& step_casts() {
+  thread_local std::shared_ptr<WeightCasts> casts;
+  return casts;
+}
+// The dtype a matrix product reads a float32 `weight` in: inside an AutocastGuard that turned autocast on for its
+// device, autocast's dtype where it is lower; empty otherwise.
+inline std::optional<torch::ScalarType> weight_cast_dtype(const torch::Tensor& weight) {
+  if (!weight.defined() || guards() == 0 || weight.scalar_type() != torch::kFloat32) return std::nullopt;
   const std::optional<torch::ScalarType> active = active_autocast_dtype(weight.device());
-  if (!active || *active == torch::kFloat32) return weight;
-  return autocast_state::region_casts().get(weight, *active);
+  if (!active || *active == torch::kFloat32) return std::nullopt;
+  return active;
+}
+}  // namespace autocast_state
+
+// One optimizer step's weight casts (the trainer's): while it lives, every autocast product on this thread reads its
+// weight's cast from one WeightCasts with gradients, made once; clear() after the step's last backward (before the
+// optimizer changes the weights in place). Scopes nest: the inner one's casts are read until it ends.
+class WeightCastScope {
+ public:
+  WeightCastScope() : previous_(autocast_state::step_casts()) {
+    autocast_state::step_casts() = std::make_shared<WeightCasts>(/*with_gradients=*/true);
+  }
+  ~WeightCastScope() { autocast_state::step_casts() = previous_; }
+  void clear() { autocast_state::step_casts()->clear(); }
+  WeightCastScope(const WeightCastScope&) = delete;
+  WeightCastScope& operator=(const WeightCastScope&) = delete;
+
+ private:
+  std::shared_ptr<WeightCasts> previous_;
+};
+
+// `casts` installed as this thread's step casts while it lives (a recompute on the autograd engine's thread).
+class StepCastsInstalled {
+ public:
+  explicit StepCastsInstalled(std::shared_ptr<WeightCasts> casts) : previous_(autocast_state::step_casts()) {
+    autocast_state::step_casts() = std::move(casts);
+  }
+  ~StepCastsInstalled() { autocast_state::step_casts() = previous_; }
+  StepCastsInstalled(const StepCastsInstalled&) = delete;
+  StepCastsInstalled& operator=(const StepCastsInstalled&) = delete;
+
+ private:
+  std::shared_ptr<WeightCasts> previous_;
+};
+
+// A weight as a matrix product under autocast should read it, when autocast_state::weight_cast_dtype gives a dtype:
+// - inside a WeightCastScope, its cast from the scope (one per optimizer step, with gradients);
+// - without gradients, a float32 weight's copy in autocast's dtype, made once per outermost guard (one cast per
+//   generation, not one per decode step);
+// otherwise the weight itself, for autocast to cast as it does (with gradients the cast belongs in the graph).
+inline torch::Tensor autocast_weight(const torch::Tensor& weight) {
+  const std::optional<torch::ScalarType> dtype = autocast_state::weight_cast_dtype(weight);
+  if (!dtype) return weight;
+  if (const auto& step = autocast_state::step_casts()) return step->get(weight, *dtype);
+  if (torch::GradMode::is_enabled()) return weight;
+  return autocast_state::region_casts().get(weight, *dtype);
+}
+
+// `weight` in `dtype` for a product outside an AutocastGuard (the lm-head's log-probs): the WeightCastScope's cast
+// where one is open, a cast of its own otherwise.
+inline torch::Tensor cast_weight(const torch::Tensor& weight, torch::ScalarType dtype) {
+  const auto& step = autocast_state::step_casts();
+  if (!step || weight.scalar_type() != torch::kFloat32 || dtype == torch::kFloat32) return weight.to(dtype);
+  return step->get(weight, dtype);
 }
 
 namespace autocast_state {

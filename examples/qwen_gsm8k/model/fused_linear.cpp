@@ -108,6 +108,13 @@ void FusedLinears::fuse() {
 torch::Tensor FusedLinears::forward(const torch::Tensor& x) {
   if (!fused()) fuse();
   const bool bias = layers_.front()->bias.defined();
+  const auto& step = autocast_state::step_casts();
+  if (const auto dtype = autocast_state::weight_cast_dtype(weight_); step && dtype) {
+    // The optimizer step's cast of the block, differentiable with respect to the parts (WeightCastScope); the bias
+    // as below.
+    const torch::Tensor weight = step->get(weight_, *dtype, [&] { return joined(parts(layers_, false), weight_); });
+    return at::linear(x, weight, bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
+  }
   if (!torch::GradMode::is_enabled()) {
     // The bias as it is: autocast casts it as it would an unfused layer's (a cast of the bias beforehand rounds
     // LibTorch 1.13's CPU bfloat16 products differently).

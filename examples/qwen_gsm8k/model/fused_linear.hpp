@@ -10,7 +10,8 @@
 //
 // Gradients: with grad mode on, the product reads the block through an autograd node whose backward hands each
 // parameter its rows of the block's gradient. Without it (generation) the product reads the block itself, cast once
-// per autocast region (autocast_weight: one cast per generation), never per decode step.
+// per autocast region (autocast_weight: one cast per generation), never per decode step. Inside a WeightCastScope both
+// read the scope's cast of the block, made once through that node (one cast per optimizer step).
 //
 // Shapes: O = the layers' outputs summed, I = input features.
 #pragma once

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,11 +22,13 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<torch::Tensor> parameters;  // the leaves themselves: their values at the backward are the forward's
   torch::Device device = torch::kCPU;
   std::optional<torch::ScalarType> autocast;  // the forward's autocast dtype on `device`, none when it was off
+  std::shared_ptr<WeightCasts> casts;         // the forward's WeightCastScope casts, read again by the recompute
 
   std::string name() const override { return "qwen::CheckpointBackward"; }
   void release_variables() override {
     input.reset_data();
     parameters.clear();
+    casts.reset();
     run = nullptr;
   }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
@@ -38,6 +41,7 @@ struct CheckpointBackward : torch::autograd::Node {
     {
       const torch::AutoGradMode grad_mode(true);
       const AutocastGuard autocast_guard(device, autocast);
+      const StepCastsInstalled step_casts(casts);  // on this thread, which is not the forward's on CUDA
       out = run(x);
     }
     std::vector<torch::Tensor> wrt;
@@ -80,6 +84,7 @@ torch::Tensor checkpointed(const std::function<torch::Tensor(const torch::Tensor
   node->parameters = parameters;
   node->device = input.device();
   node->autocast = active_autocast_dtype(input.device());
+  node->casts = autocast_state::step_casts();
   torch::autograd::set_history(out, node);
   return out;
 }

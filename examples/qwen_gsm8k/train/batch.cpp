@@ -149,9 +149,10 @@ void check_token_ids(const torch::Tensor& host_ids, int64_t vocab, const char* w
 // dtype).
 TargetLogprobs lm_head_logprobs(Qwen2ForCausalLM& model, const torch::Tensor& selected, const torch::Tensor& targets,
                                 const LogprobOptions& options) {
-  const torch::Tensor lm_head = model->lm_head_weight();
+  torch::Tensor lm_head = model->lm_head_weight();
+  if (options.autocast) lm_head = cast_weight(lm_head, *options.autocast);  // the WeightCastScope's, where one is open
   const auto cast = [&](const torch::Tensor& x) { return options.autocast ? x.to(*options.autocast) : x; };
-  const auto out = dapo::linear_logprobs(cast(selected), cast(lm_head), targets,
+  const auto out = dapo::linear_logprobs(cast(selected), lm_head, targets,
                                          {.chunk_size = options.chunk_size,
                                           .temperature = options.temperature,
                                           .with_entropy = options.with_entropy,
@@ -378,7 +379,7 @@ TargetLogprobs shared_prompt_target_logprobs(Qwen2ForCausalLM& model, const torc
     hidden = model->model->forward_shared(targets.batch);
   }
   torch::Tensor lm_head = model->lm_head_weight();
-  if (options.autocast) lm_head = lm_head.to(*options.autocast);  // as target_logprobs: the product in that dtype
+  if (options.autocast) lm_head = cast_weight(lm_head, *options.autocast);  // as target_logprobs: in that dtype
   const auto cast = [&](const torch::Tensor& x) { return options.autocast ? x.to(*options.autocast) : x; };
   std::vector<torch::Tensor> logp, entropies;
   if (!targets.first_prompt.empty()) {

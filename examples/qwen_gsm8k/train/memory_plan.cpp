@@ -128,35 +128,39 @@ MemoryPlan plan_memory(const MemoryPlanInput& input) {
     return std::min(o.logprob_chunk, targets) * V * ab;
   };
 
+  // Under autocast every weight matrix is cast once per optimizer step and the casts are kept until its last backward
+  // (WeightCastScope): the no-grad passes before the first update read the first update's.
+  const int64_t weight_casts = autocast ? (L * params.layer_linear + V * H) * 2 : 0;
+
   // The no-grad log-prob passes: one layer's work at a time, the lm-head's chunk of logits.
   plan.phases.push_back(phase("log-probs", {{"hidden states", logprob_tokens * H * 4 * 2},
                                             {"one layer's work", logprob_tokens * per_token},
                                             {"lm-head chunk", lm_head_chunk(logprob_tokens)},
-                                            {"lm-head cast (autocast)", autocast ? V * H * 2 : 0}}));
+                                            {"weight casts (autocast)", weight_casts}}));
 
   // The update's forward and backward, at the start of the backward, where the tracking allocator finds its peak:
   // what the forward kept, the lm-head's chunk, and the lm-head weight's gradient (in the forward's dtype), the first
   // one made. The layers' gradients come as their activations go (a layer's activations outweigh its gradients from
   // about 800 tokens on at the 1.5B shape); all of them together are the next phases'.
   const int64_t gradients = params.total * wb;
-  int64_t activations = 0, casts = 0;
-  if (o.gradient_checkpointing) {
-    activations = L * update_tokens * 4 * H + update_tokens * per_token;  // inputs, and one layer recomputed
-    casts = autocast ? params.layer_linear * 2 : 0;
-  } else {
-    activations = L * update_tokens * per_token;
-    casts = autocast ? L * params.layer_linear * 2 : 0;
-  }
+  const int64_t activations = o.gradient_checkpointing
+                                  ? L * update_tokens * 4 * H + update_tokens * per_token  // inputs, one layer again
+                                  : L * update_tokens * per_token;
   plan.phases.push_back(phase("update", {{"lm-head weight gradient", V * H * ab},
                                          {"activations", activations},
-                                         {"weight casts (autocast)", casts + (autocast ? V * H * 2 : 0)},
+                                         {"weight casts (autocast)", weight_casts},
                                          {"embedding and final norm", update_tokens * 16 * H},
                                          {"lm-head chunk", lm_head_chunk(update_tokens)}}));
   // The end of the backward: with tied embeddings, the embedding's gradient and the lm-head's add up out of place
-  // (two more vocabulary-sized tensors beside the gradients; counted exactly by memory_bench).
+  // (two more vocabulary-sized tensors beside the gradients; counted exactly by memory_bench). The weight casts are
+  // still there: they go after the optimizer step's last backward, before AdamW's step.
   if (c.tie_word_embeddings) {
-    plan.phases.push_back(phase("update: tied embedding gradient",
-                                {{"gradients", gradients}, {"embedding gradient parts", 2 * V * H * wb}}));
+    plan.phases.push_back(phase("update: tied embedding gradient", {{"gradients", gradients},
+                                                                    {"embedding gradient parts", 2 * V * H * wb},
+                                                                    {"weight casts (autocast)", weight_casts}}));
+  } else if (autocast) {
+    plan.phases.push_back(
+        phase("update: end of backward", {{"gradients", gradients}, {"weight casts (autocast)", weight_casts}}));
   }
   // AdamW's step (train/optimizer.hpp). ATen's fused kernel (LibTorch 2.4 and later) updates in place. Parameter by
   // parameter (1.13), the denominator sqrt(v) / sqrt(1 - beta2^t) + eps takes two temporaries of the parameter's size,

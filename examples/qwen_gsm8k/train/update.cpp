@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/host_door.hpp"
 
 namespace qwen {
@@ -127,19 +128,6 @@ std::vector<MicroBatch> cut_share(const TrainBatch& batch, int64_t first_row, in
     micro_batches.push_back(std::move(micro));
   }
   return micro_batches;
-}
-
-// Whether the micro-batch's rows are whole groups (consecutive, aligned runs of group_size rows).
-bool holds_whole_groups(const MicroBatch& micro, int64_t group_size) {
-  const auto count = static_cast<int64_t>(micro.rows.size());
-  if (count % group_size != 0) return false;
-  for (int64_t i = 0; i < count; i += group_size) {
-    const int64_t first = micro.rows[static_cast<std::size_t>(i)];
-    if (first % group_size != 0 || micro.rows[static_cast<std::size_t>(i + group_size - 1)] != first + group_size - 1) {
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -278,13 +266,6 @@ void release_gradients(const std::vector<torch::Tensor>& parameters) {
   }
 }
 
-// Each micro-batch's share of a mini-batch's loss: the options its loss and its KL and entropy terms take, and, where
-// a token-budget micro-batch splits a group, each token's weight in the mini-batch's loss.
-struct PolicyUpdate::LossShares {
-  dapo::PolicyLossOptions share, term;
-  torch::Tensor mini_weights;  // [mini.rows, L - 1] on the host, or undefined
-};
-
 // The update's metrics, on the device in float64 until the one read after the optimizer step: the loss, the clipped
 // tokens and the KL loss summed over the micro-batches, and each micro-batch's dual-clipped tokens and approximate KL
 // (added to the step's sums in order if the update is applied) and its loss's data check (0 when its data passed: on
@@ -305,40 +286,28 @@ struct PolicyUpdate::UpdateTotals {
   }
 };
 
-PolicyUpdate::LossShares PolicyUpdate::loss_shares(const TrainBatch& batch, const MiniBatch& mini) const {
+// Each micro-batch's share of the mini-batch's loss (dapo::micro_batch_shares): its options, and where a token-budget
+// micro-batch splits a group, each token's weight in the mini-batch's loss.
+dapo::MicroBatchShares PolicyUpdate::loss_shares(const TrainBatch& batch, const MiniBatch& mini) const {
   dapo::PolicyLossOptions loss_options = options.loss;
   loss_options.group_size = batch.group_size;
   // Dr. GRPO's constant divisor is the generation budget (TRL: max_completion_length), not a padded width.
   loss_options.norm_length = response_budget(options).norm_length;
-  LossShares shares;
-  shares.share = dapo::micro_batch_options(loss_options, mini.counts);
-  shares.share.defer_data_checks = true;  // read with the update's metrics (UpdateTotals::data_check)
-  // The KL and entropy terms' aggregation: the token-level losses' (geo_mean's mean over rows has no token weights).
-  dapo::PolicyLossOptions token_options = loss_options;
-  token_options.mode = dapo::PolicyLossMode::kVanilla;
-  shares.term = dapo::micro_batch_options(token_options, mini.counts);
-  // Every aggregation but group-token-mean divides by counts of the whole mini-batch, which micro_batch_options
-  // passes to each micro-batch. A token-budget micro-batch may hold part of a group, whose share of the loss needs
-  // the whole group's token count: there each token's weight in the mini-batch's loss (aggregation_weights of the
-  // whole mini-batch) goes to a token-sum as a per-token weight.
-  const bool split_groups = std::any_of(mini.micro_batches.begin(), mini.micro_batches.end(), [&](const auto& micro) {
-    return !holds_whole_groups(micro, batch.group_size);
+  const bool splits_groups = std::any_of(mini.micro_batches.begin(), mini.micro_batches.end(), [&](const auto& micro) {
+    return !dapo::holds_whole_groups(micro.rows, batch.group_size);
   });
-  if (split_groups && shares.term.aggregation == dapo::LossAggregation::kGroupTokenMean) {
-    shares.mini_weights = dapo::aggregation_weights(batch.padded.loss_mask.narrow(0, mini.first_row, mini.rows),
-                                                    shares.term, batch.old_logp.scalar_type());
-    if (shares.share.mode != dapo::PolicyLossMode::kGeoMean) {
-      shares.share.aggregation = dapo::LossAggregation::kTokenSum;
-      shares.share.global_group_count = 0.0;
-    }
-  }
+  dapo::MicroBatchShares shares =
+      dapo::micro_batch_shares(loss_options, mini.counts, batch.padded.loss_mask.narrow(0, mini.first_row, mini.rows),
+                               splits_groups, batch.old_logp.scalar_type());
+  shares.loss.defer_data_checks = true;  // read with the update's metrics (UpdateTotals::data_checks)
   return shares;
 }
 
 // One micro-batch's forward, loss (with the KL and entropy terms) and backward; its metrics go to `totals`. With
 // `first`, its log-probs are the mini-batch's old ones and its entropy the old policy's.
 void PolicyUpdate::accumulate_micro_batch(TrainBatch& batch, const MiniBatch& mini, const MicroBatch& micro,
-                                          const LossShares& shares, bool first, Sums& sums, UpdateTotals& totals) {
+                                          const dapo::MicroBatchShares& shares, bool first, Sums& sums,
+                                          UpdateTotals& totals) {
   RECORD_USER_SCOPE(kMicroBatchScope);
   const bool kl_loss = options.extras.kl_loss_coef > 0.0, entropy_term = options.extras.entropy_coeff != 0.0;
   // The batch's masks, advantages and the aggregation's weights live on the host (the plans read them): the
@@ -353,24 +322,18 @@ void PolicyUpdate::accumulate_micro_batch(TrainBatch& batch, const MiniBatch& mi
     micro.put(batch.old_logp, logp.detach());
     sums.entropy_by_micro_batch.front().push_back(current.entropy_sum);
   }
+  std::vector<int64_t> in_mini = micro.rows;  // its rows of the mini-batch
+  for (int64_t& row : in_mini) row -= mini.first_row;
+  const dapo::MicroBatchWeights shared =
+      dapo::micro_batch_weights(shares, in_mini, host_mask, kl_loss || entropy_term, logp.scalar_type());
   torch::Tensor weights = batch.is_weights.defined() ? rows(batch.is_weights) : torch::Tensor();
-  torch::Tensor token_weights;  // the aggregation's, when it is taken from the whole mini-batch
-  if (shares.mini_weights.defined()) {
-    MicroBatch in_mini = micro;  // its rows of the [mini.rows, ...] weights
-    for (int64_t& row : in_mini.rows) row -= mini.first_row;
-    token_weights = to_device(in_mini.take(shares.mini_weights).narrow(1, 0, micro.length - 1));
-    if (shares.share.aggregation == dapo::LossAggregation::kTokenSum) {
-      weights = weights.defined() ? weights * token_weights : token_weights;
-    }
-  }
+  if (shared.loss.defined()) weights = weights.defined() ? weights * to_device(shared.loss) : to_device(shared.loss);
   const auto out = dapo::policy_loss(logp, rows(batch.old_logp), to_device(micro.take(batch.advantages)),
-                                     to_device(host_mask), shares.share, weights);
+                                     to_device(host_mask), shares.loss, weights);
   const auto as_double = [](const torch::Tensor& value) { return value.detach().to(torch::kFloat64); };
   torch::Tensor total = out.loss;
   if (kl_loss || entropy_term) {
-    const torch::Tensor term_weights =
-        token_weights.defined() ? token_weights
-                                : to_device(dapo::aggregation_weights(host_mask, shares.term, logp.scalar_type()));
+    const torch::Tensor term_weights = to_device(shared.terms);
     if (kl_loss) {
       const dapo::KlPenalty penalty = dapo::parse_kl_penalty(options.extras.kl_loss_type);
       const torch::Tensor kl = (term_weights * dapo::kl_penalty(logp, rows(batch.ref_logp), penalty)).sum();
@@ -426,14 +389,16 @@ void PolicyUpdate::settle_update(const torch::Tensor& read, const MiniBatch& min
 
 // One optimizer update: this rank's micro-batches accumulate their shares, the ranks sum, clip, step. The step's
 // first update (`first`) also records its forward's log-probs as the mini-batch's old ones, and their entropy.
-void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums) {
-  const LossShares shares = loss_shares(batch, mini);
+void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums,
+                                     WeightCastScope& casts) {
+  const dapo::MicroBatchShares shares = loss_shares(batch, mini);
   release_gradients(model->parameters());  // none left by the last update; any a caller left start nothing
   const torch::Tensor zero = torch::zeros({}, model->lm_head_weight().options().dtype(torch::kFloat64));
   UpdateTotals totals{zero, zero, zero, {}, {}, {}};
   for (const MicroBatch& micro : mini.micro_batches) {
     accumulate_micro_batch(batch, mini, micro, shares, first, sums, totals);
   }
+  casts.clear();  // this optimizer step's weight casts: the step changes the weights they were made from
   RECORD_USER_SCOPE(kOptimizerStepScope);
   communicator.all_reduce_gradients(model->parameters());  // the sum of the ranks' shares: the mini-batch's gradient
   for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
@@ -442,7 +407,7 @@ void PolicyUpdate::update_mini_batch(TrainBatch& batch, const MiniBatch& mini, d
   // read: the norm (whether the step applied) and the metrics.
   const torch::Tensor read = optimizer.step_and_read(options.grad_clip, totals.stacked());
   release_gradients(model->parameters());
-  raise_deferred_checks(read, batch, mini, shares.share);
+  raise_deferred_checks(read, batch, mini, shares.loss);
   settle_update(read, mini, lr, sums);
 }
 
@@ -501,6 +466,9 @@ UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
 
   torch::AutoGradMode enable_grad(true);  // whatever the caller's mode: the updates need gradients
   model->train();
+  // Under autocast, each float32 weight is cast once per optimizer step: the no-grad passes before the first update
+  // and every micro-batch of an update (forward and checkpointed recomputes) read the same cast (WeightCastScope).
+  WeightCastScope casts;
   Sums sums;
   sums.entropy_tokens = batch.padded.loss_mask.sum().item<double>();
   const bool correct = options.extras.rollout_correction();
@@ -524,7 +492,7 @@ UpdateMetrics PolicyUpdate::run(TrainBatch& batch, int64_t& updates) {
   for (int64_t epoch = 0; epoch < options.ppo_epochs; ++epoch) {
     for (std::size_t m = 0; m < updates_plan.size(); ++m) {
       update_mini_batch(batch, updates_plan[m], learning_rate(schedule, updates++), !correct && epoch == 0 && m == 0,
-                        sums);
+                        sums, casts);
     }
   }
   if (!correct) {

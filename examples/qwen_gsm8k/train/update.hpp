@@ -14,6 +14,7 @@
 // Shapes: B = rows of the step's batch (groups * group_size), L = its longest row; see batch.hpp.
 #pragma once
 
+#include <dapo/aggregation.hpp>
 #include <dapo/loss.hpp>
 
 #include <torch/torch.h>
@@ -116,6 +117,8 @@ struct UpdateMetrics {
   std::optional<double> kl_loss;  // with a KL loss: mean over applied updates of the aggregated KL penalty
 };
 
+class WeightCastScope;  // model/autocast.hpp
+
 struct PolicyUpdate {
   Qwen2ForCausalLM& model;
   ClippedAdamW& optimizer;
@@ -128,7 +131,6 @@ struct PolicyUpdate {
 
  private:
   struct Sums;
-  struct LossShares;
   struct UpdateTotals;
   LogprobOptions logprob_options() const;
   TargetLogprobs micro_logprobs(Qwen2ForCausalLM& policy, const PaddedBatch& padded, const MicroBatch& micro,
@@ -139,13 +141,14 @@ struct PolicyUpdate {
   std::map<std::string, double> correct_rollouts(TrainBatch& batch) const;
   torch::Tensor rollout_probs_diff(const TrainBatch& batch) const;
   std::optional<std::array<double, 3>> read_after_updates(Sums& sums, const torch::Tensor& probs_diff) const;
-  LossShares loss_shares(const TrainBatch& batch, const MiniBatch& mini) const;
+  dapo::MicroBatchShares loss_shares(const TrainBatch& batch, const MiniBatch& mini) const;
   void accumulate_micro_batch(TrainBatch& batch, const MiniBatch& mini, const MicroBatch& micro,
-                              const LossShares& shares, bool first, Sums& sums, UpdateTotals& totals);
+                              const dapo::MicroBatchShares& shares, bool first, Sums& sums, UpdateTotals& totals);
   static void raise_deferred_checks(const torch::Tensor& read, const TrainBatch& batch, const MiniBatch& mini,
                                     const dapo::PolicyLossOptions& share);
   static void settle_update(const torch::Tensor& read, const MiniBatch& mini, double lr, Sums& sums);
-  void update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums);
+  void update_mini_batch(TrainBatch& batch, const MiniBatch& mini, double lr, bool first, Sums& sums,
+                         WeightCastScope& casts);
   UpdateMetrics reduce(const TrainBatch& batch, Sums& sums) const;
 };
 
