@@ -125,8 +125,12 @@ TEST_CASE("a WeightCastScope casts each weight once for every micro-batch and re
     }
     MESSAGE("weight casts for two micro-batches: " << autocast_casts << " by autocast, " << scope_casts
                                                    << " in a WeightCastScope");
-    CHECK(scope_casts == matrices);
-    CHECK(autocast_casts >= 2 * matrices);
+    if (dapo::test::WeightCastCounter::available()) {
+      CHECK(scope_casts == matrices);
+      CHECK(autocast_casts >= 2 * matrices);
+    } else {
+      MESSAGE("the casts are not counted in a build with asserts against LibTorch without (weight_casts.hpp)");
+    }
     REQUIRE(autocast_grads.size() == scope_grads.size());
     for (std::size_t i = 0; i < scope_grads.size(); ++i) {
       CAPTURE(i);

@@ -274,6 +274,10 @@ TEST_CASE("under autocast the update casts each weight once per optimizer update
     run_update(model, batch, options, nullptr, &updates);
     const int64_t layers = 2, matrices = 4 * layers + 1;  // q/k/v, o, gate/up and down per layer; the tied lm-head
     CHECK(updates == 4);
+    if (!dapo::test::WeightCastCounter::available()) {
+      MESSAGE("the casts are not counted in a build with asserts against LibTorch without (weight_casts.hpp)");
+      continue;
+    }
     CHECK(counter.casts() == updates * matrices);
   }
 }

@@ -1,6 +1,8 @@
 // Counts the casts that read a model's weights: aten::_to_copy calls, on any thread, whose input lies at the start of a
 // parameter's memory (a weight itself, or a fused block of parameters, which begins at its first part's). Each is one
-// cast kernel on a GPU, reading the whole weight.
+// cast kernel on a GPU, reading the whole weight. Only where available(): a build with asserts on (no NDEBUG: the
+// sanitizer build) against a LibTorch built without them reads RecordFunction::inputs() through a debug-only member
+// that LibTorch's RecordFunction does not have (LibTorch 1.13's header), so there the counter counts nothing.
 #pragma once
 
 #include <ATen/record_function.h>
@@ -25,14 +27,26 @@ class WeightCastCounter {
       }
     }
     count() = 0;
+    if (!available()) return;
     at::enableRecordFunction(true);
     handle_ = at::addGlobalCallback(
         at::RecordFunctionCallback(&WeightCastCounter::start).scopes({at::RecordScope::FUNCTION}).needsInputs(true));
   }
-  ~WeightCastCounter() { at::removeCallback(handle_); }
+  ~WeightCastCounter() {
+    if (available()) at::removeCallback(handle_);
+  }
+  static constexpr bool available() {
+#ifdef NDEBUG
+    return true;
+#else
+    return false;
+#endif
+  }
   WeightCastCounter(const WeightCastCounter&) = delete;
   WeightCastCounter& operator=(const WeightCastCounter&) = delete;
-  int64_t casts() const { return count(); }
+  int64_t casts() const {
+    return count();
+  }
 
  private:
   static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& call) {
@@ -57,7 +71,7 @@ class WeightCastCounter {
     static std::atomic<int64_t> value{0};
     return value;
   }
-  at::CallbackHandle handle_;
+  at::CallbackHandle handle_ = 0;
 };
 
 }  // namespace dapo::test
