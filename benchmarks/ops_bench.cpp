@@ -12,8 +12,8 @@
 // weight casts it reads (--weight-casts step, the trainer's WeightCastScope; autocast: each forward casts its own).
 // Counted: every operator call (nested ones too: what one op dispatches to) and the top-level ones. Which attention
 // runs depends on LibTorch (model.hpp): before 2.14 the CPU has the eager products, from 2.14
-// scaled_dot_product_attention as on CUDA. Usage: ops_bench [--shape NAME] [--autocast none|bfloat16] [--weight-casts
-// step|autocast] [--rows N] [--tokens M]
+// scaled_dot_product_attention as on CUDA.
+// Usage: ops_bench [--shape NAME] [--autocast none|bfloat16] [--weight-casts step|autocast] [--rows N] [--tokens M]
 //                  [--length L] [--threads N] [--json PATH]
 #include <ATen/record_function.h>
 #include <torch/torch.h>

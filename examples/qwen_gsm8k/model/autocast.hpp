@@ -130,24 +130,8 @@ inline std::optional<torch::ScalarType> weight_cast_dtype(const torch::Tensor& w
 }
 }  // namespace autocast_state
 
-// One optimizer step's weight casts (the trainer's): while it lives, every autocast product on this thread reads its
-// weight's cast from one WeightCasts with gradients, made once; clear() after the step's last backward (before the
-// optimizer changes the weights in place). Scopes nest: the inner one's casts are read until it ends.
-class WeightCastScope {
- public:
-  WeightCastScope() : previous_(autocast_state::step_casts()) {
-    autocast_state::step_casts() = std::make_shared<WeightCasts>(/*with_gradients=*/true);
-  }
-  ~WeightCastScope() { autocast_state::step_casts() = previous_; }
-  void clear() { autocast_state::step_casts()->clear(); }
-  WeightCastScope(const WeightCastScope&) = delete;
-  WeightCastScope& operator=(const WeightCastScope&) = delete;
-
- private:
-  std::shared_ptr<WeightCasts> previous_;
-};
-
-// `casts` installed as this thread's step casts while it lives (a recompute on the autograd engine's thread).
+// `casts` installed as this thread's step casts while it lives, the previous ones put back after (a recompute on the
+// autograd engine's thread installs its forward's: CheckpointBackward).
 class StepCastsInstalled {
  public:
   explicit StepCastsInstalled(std::shared_ptr<WeightCasts> casts) : previous_(autocast_state::step_casts()) {
@@ -159,6 +143,19 @@ class StepCastsInstalled {
 
  private:
   std::shared_ptr<WeightCasts> previous_;
+};
+
+// One optimizer step's weight casts (the trainer's): while it lives, every autocast product on this thread reads its
+// weight's cast from one WeightCasts with gradients, made once; clear() after the step's last backward (before the
+// optimizer changes the weights in place). Scopes nest: the inner one's casts are read until it ends.
+class WeightCastScope {
+ public:
+  WeightCastScope() : casts_(std::make_shared<WeightCasts>(/*with_gradients=*/true)), installed_(casts_) {}
+  void clear() { casts_->clear(); }
+
+ private:
+  std::shared_ptr<WeightCasts> casts_;
+  StepCastsInstalled installed_;
 };
 
 // A weight as a matrix product under autocast should read it, when autocast_state::weight_cast_dtype gives a dtype:
