@@ -9,12 +9,13 @@
 // tokens, over m: exactly the ops of one decode step (the prefill and the final check cancel). Training forward: the
 // trainer's target_logprobs (the model's forward and the chunked lm-head log-probs) on --rows right-padded rows of
 // --length tokens, with gradients; then its backward; counted on a micro-batch after an optimizer step's first, whose
-// weight casts it reads (--weight-casts step, the trainer's WeightCastScope; autocast: each forward casts its own).
+// weight casts it reads (--weight-casts step, the trainer's WeightCastScope; autocast: each forward casts its own),
+// through the training forward's fused operators (model/fused_training.hpp; --fused-training off: the unfused calls).
 // Counted: every operator call (nested ones too: what one op dispatches to) and the top-level ones. Which attention
 // runs depends on LibTorch (model.hpp): before 2.14 the CPU has the eager products, from 2.14
 // scaled_dot_product_attention as on CUDA.
-// Usage: ops_bench [--shape NAME] [--autocast none|bfloat16] [--weight-casts step|autocast] [--rows N] [--tokens M]
-//                  [--length L] [--threads N] [--json PATH]
+// Usage: ops_bench [--shape NAME] [--autocast none|bfloat16] [--weight-casts step|autocast] [--fused-training on|off]
+//                  [--rows N] [--tokens M] [--length L] [--threads N] [--json PATH]
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -33,6 +34,7 @@
 
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/fused_training.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
 #include "support/flags.hpp"
@@ -49,10 +51,11 @@ class OpCounter {
  public:
   struct Counts {
     int64_t all = 0, top_level = 0, casts = 0;
-    std::map<std::string, int64_t> by_name;  // all calls, by operator name
+    std::map<std::string, int64_t> by_name, top_level_by_name;  // all calls and the top-level ones, by name
     Counts operator-(const Counts& other) const {
-      Counts out{all - other.all, top_level - other.top_level, casts - other.casts, by_name};
+      Counts out{all - other.all, top_level - other.top_level, casts - other.casts, by_name, top_level_by_name};
       for (const auto& [name, count] : other.by_name) out.by_name[name] -= count;
+      for (const auto& [name, count] : other.top_level_by_name) out.top_level_by_name[name] -= count;
       return out;
     }
   };
@@ -95,7 +98,10 @@ class OpCounter {
     if (one_kernel_on_cuda(name)) ++fused_depth();
     const std::lock_guard<std::mutex> lock(mutex());
     ++counts().all;
-    if (top) ++counts().top_level;
+    if (top) {
+      ++counts().top_level;
+      ++counts().top_level_by_name[call.name()];
+    }
     if (name == "aten::_to_copy" && fused_depth() == 0) ++counts().casts;
     ++counts().by_name[call.name()];
     if (tracing()) calls().push_back(std::string(static_cast<std::size_t>(2 * (depth() - 1)), ' ') + call.name());
@@ -137,7 +143,7 @@ class OpCounter {
 };
 
 struct Args {
-  std::string shape = "qwen2.5-1.5b", autocast = "bfloat16", weight_casts = "step", json;
+  std::string shape = "qwen2.5-1.5b", autocast = "bfloat16", weight_casts = "step", fused_training = "on", json;
   bool trace = false;
   int64_t head_dim = 16, intermediate = 256, vocab = 2048, rows = 8, tokens = 16, length = 96, threads = 2;
 };
@@ -194,9 +200,9 @@ Run engine_run(qwen::Qwen2ForCausalLM& model, const Args& args, int64_t tokens) 
   return run;
 }
 
-nlohmann::json top_ops(const OpCounter::Counts& counts, double per, int limit) {
+nlohmann::json top_ops(const std::map<std::string, int64_t>& by_name, double per, int limit) {
   std::vector<std::pair<int64_t, std::string>> sorted;
-  for (const auto& [name, count] : counts.by_name) {
+  for (const auto& [name, count] : by_name) {
     if (count != 0) sorted.emplace_back(count, name);
   }
   std::sort(sorted.rbegin(), sorted.rend());
@@ -219,6 +225,8 @@ int main(int argc, char** argv) {
         .text("--autocast", args.autocast, "DTYPE", "none or bfloat16 (as on CUDA)")
         .text("--weight-casts", args.weight_casts, "WHERE",
               "step (the trainer's: one cast per weight and optimizer step) or autocast (each forward's own)")
+        .text("--fused-training", args.fused_training, "ON",
+              "on: the training forward's fused operators (the trainer's); off: the unfused calls")
         .integer("--head-dim", args.head_dim, 2, "D", "head dimension (hidden = heads x D)")
         .integer("--intermediate", args.intermediate, 1, "N", "MLP width")
         .integer("--vocab", args.vocab, 64, "V", "vocabulary")
@@ -277,6 +285,11 @@ int main(int argc, char** argv) {
     // the step's first (the warm-up), which made the casts.
     std::optional<qwen::WeightCastScope> step_casts;
     if (args.weight_casts == "step") step_casts.emplace();
+    if (args.fused_training != "on" && args.fused_training != "off") {
+      throw std::invalid_argument("--fused-training is '" + args.fused_training + "', expected on or off");
+    }
+    std::optional<qwen::fused::UnfusedTraining> unfused;
+    if (args.fused_training == "off") unfused.emplace();
     const OpCounter::Counts before_warm_up = OpCounter::snapshot();
     qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).logp.sum().backward();  // warm-up
     const OpCounter::Counts warm_up = OpCounter::snapshot() - before_warm_up;
@@ -296,14 +309,15 @@ int main(int argc, char** argv) {
         static_cast<long long>(args.rows), static_cast<double>(decode.all) / per_step,
         static_cast<double>(decode.top_level) / per_step, static_cast<double>(decode.casts) / per_step, step_ms);
     std::printf(
-        "  training forward (%lld x %lld, weight casts: %s): %lld ops (%lld top-level), %lld casts a CUDA run "
+        "  training forward (%lld x %lld, weight casts: %s, fused training operators: %s): %lld ops (%lld top-level), "
+        "%lld casts a CUDA run "
         "launches; its backward %lld ops, %lld casts; the step's first micro-batch %lld ops, %lld casts\n",
         static_cast<long long>(args.rows), static_cast<long long>(args.length), args.weight_casts.c_str(),
-        static_cast<long long>(forward.all), static_cast<long long>(forward.top_level),
+        args.fused_training.c_str(), static_cast<long long>(forward.all), static_cast<long long>(forward.top_level),
         static_cast<long long>(forward.casts), static_cast<long long>(backward.all),
         static_cast<long long>(backward.casts), static_cast<long long>(warm_up.all),
         static_cast<long long>(warm_up.casts));
-    const nlohmann::json decode_top = top_ops(decode, per_step, 40);
+    const nlohmann::json decode_top = top_ops(decode.by_name, per_step, 40);
     std::printf("  decode step's ops by name:");
     for (const auto& [name, count] : decode_top.items()) std::printf(" %s %.0f,", name.c_str(), count.get<double>());
     std::printf("\n");
@@ -331,12 +345,15 @@ int main(int argc, char** argv) {
                                  {"forward_ops", forward.all},
                                  {"forward_top_level_ops", forward.top_level},
                                  {"weight_casts", args.weight_casts},
+                                 {"fused_training", args.fused_training},
                                  {"forward_casts", forward.casts},
                                  {"backward_ops", backward.all},
                                  {"backward_casts", backward.casts},
                                  {"first_micro_batch_ops", warm_up.all},
                                  {"first_micro_batch_casts", warm_up.casts},
-                                 {"forward_ops_by_name", top_ops(forward, 1.0, 40)}}}};
+                                 {"forward_ops_by_name", top_ops(forward.by_name, 1.0, 400)},
+                                 {"forward_top_level_ops_by_name", top_ops(forward.top_level_by_name, 1.0, 400)},
+                                 {"backward_ops_by_name", top_ops(backward.by_name, 1.0, 400)}}}};
       dapo::bench::write_json(record, args.json);
     }
     return 0;

@@ -4,6 +4,7 @@
 // demo run on CUDA (skipped with a message without a GPU); --device errors.
 //
 // Shapes: L = prompt + continuation tokens, V = vocabulary (259, the byte-level tokenizer's).
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
@@ -26,6 +27,7 @@
 #include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/fused_ops.hpp"
+#include "qwen_gsm8k/model/fused_training.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/optimizer.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
@@ -199,6 +201,115 @@ TEST_CASE("CUDA: the fused operators' kernels compute what their composites comp
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("CUDA: the training forward's fused operators' kernels compute their composites, forward and backward") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the training kernels' checks are skipped");
+    return;
+  }
+  const torch::Device cuda(torch::kCUDA, 0);
+  const torch::NoGradGuard no_grad;
+  const auto op = [](const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); };
+  // Each operator boxed on CUDA inputs and on the CPU (the composite), outputs compared as float32.
+  const auto compare = [&](const char* name, const std::vector<c10::IValue>& inputs, double tolerance) {
+    CAPTURE(name);
+    const auto run = [&](torch::Device device) {
+      torch::jit::Stack stack;
+      for (const c10::IValue& input : inputs) {
+        stack.push_back(input.isTensor() && input.toTensor().defined() ? c10::IValue(input.toTensor().to(device))
+                                                                       : input);
+      }
+      op(name).callBoxed(&stack);
+      std::vector<torch::Tensor> out;
+      for (const c10::IValue& value : stack) out.push_back(value.toTensor().cpu().to(torch::kFloat32));
+      return out;
+    };
+    const std::vector<torch::Tensor> gpu = run(cuda), cpu = run(torch::kCPU);
+    REQUIRE(gpu.size() == cpu.size());
+    for (std::size_t i = 0; i < gpu.size(); ++i) {
+      CAPTURE(i);
+      CHECK(gpu[i].sizes() == cpu[i].sizes());
+      CHECK(torch::allclose(gpu[i], cpu[i], tolerance, tolerance));
+    }
+  };
+  torch::manual_seed(0);
+  const c10::IValue none;
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    CAPTURE(dtype);
+    const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
+    const auto make = [&](std::vector<int64_t> shape) { return torch::randn(shape).to(dtype); };
+    // The norms: one dtype, and autocast's (a 16-bit x onto a float32 residual and weight, the output in x's dtype).
+    const torch::Tensor x = make({2, 5, 96}), residual = make({2, 5, 96}), weight = make({96});
+    const torch::Tensor residual32 = residual.to(torch::kFloat32), weight32 = weight.to(torch::kFloat32);
+    compare("qwen::rms_norm_forward", {residual, weight, 1e-6, dtype}, tolerance);
+    compare("qwen::add_rms_norm_forward", {x, residual, weight, 1e-6, dtype}, tolerance);
+    compare("qwen::add_rms_norm_forward", {x, residual32, weight32, 1e-6, dtype}, tolerance);
+    const torch::Tensor sum = residual32 + x, inverse = torch::rsqrt(sum.pow(2).mean(-1, true) + 1e-6);
+    for (const bool with_sum : {false, true}) {
+      compare("qwen::rms_norm_backward",
+              {make({2, 5, 96}), with_sum ? c10::IValue(torch::randn({2, 5, 96})) : none, sum, weight32, inverse, true,
+               true},
+              tolerance);
+    }
+    const torch::Tensor gate_up = make({2, 5, 2 * 48});
+    compare("qwen::silu_and_mul_backward", {make({2, 5, 48}), gate_up}, tolerance);
+    // RoPE: batched heads first, and packed tokens.
+    const int64_t heads = 12, kv_heads = 2, dim = 16, batch = 2, positions = 7, width = heads + 2 * kv_heads;
+    const torch::Tensor product = make({batch, positions, width * dim});
+    const torch::Tensor cos = torch::rand({batch, 1, positions, dim}).to(dtype);
+    const torch::Tensor sin = torch::rand({batch, 1, positions, dim}).to(dtype);
+    compare("qwen::rotary_qkv_heads", {product, cos, sin, heads, kv_heads}, tolerance);
+    compare("qwen::rotary_qkv", {product, cos, sin, heads, kv_heads}, tolerance);
+    const std::vector<int64_t> shape{batch, positions, width * dim};
+    compare("qwen::rotary_qkv_backward", {make({batch, positions, width, dim}), cos, sin, heads, kv_heads, shape},
+            tolerance);
+    const torch::Tensor gq = make({batch, heads, positions, dim}), gk = make({batch, kv_heads, positions, dim});
+    compare("qwen::rotary_qkv_heads_backward",
+            {gq, gk, make({batch, kv_heads, positions, dim}), cos, sin, heads, kv_heads, shape}, tolerance);
+    compare("qwen::rotary_qkv_heads_backward", {gq, none, gk, cos, sin, heads, kv_heads, shape}, tolerance);
+  }
+}
+
+TEST_CASE("CUDA: the training forward through the fused kernels gives the unfused calls' logits and gradients") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the fused training forward's check is skipped");
+    return;
+  }
+  torch::manual_seed(5);
+  qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(97, 64, 4, 2, 2));
+  model->to(torch::Device(torch::kCUDA, 0));
+  const auto options = torch::TensorOptions().device(torch::kCUDA, 0).dtype(torch::kInt64);
+  const torch::Tensor ids = torch::randint(0, 97, {2, 12}, options);
+  const torch::Tensor mask = torch::ones({2, 12}, options);
+  const torch::Tensor positions = qwen::position_ids_from_mask(mask);
+  for (const std::optional<torch::ScalarType> autocast :
+       {std::optional<torch::ScalarType>{}, std::optional{torch::kBFloat16}}) {
+    CAPTURE(autocast.has_value());
+    const auto pass = [&](bool fused) {
+      std::optional<qwen::fused::UnfusedTraining> unfused;
+      if (!fused) unfused.emplace();
+      model->zero_grad();
+      torch::Tensor logits;
+      {
+        const qwen::AutocastGuard guard(torch::kCUDA, autocast);
+        logits = model->forward(ids, mask, positions).to(torch::kFloat32);
+      }
+      torch::manual_seed(9);
+      (logits * torch::randn(logits.sizes(), logits.options())).sum().backward();
+      std::vector<torch::Tensor> out{logits.detach().cpu()};
+      for (const auto& parameter : model->parameters()) out.push_back(parameter.grad().cpu());
+      return out;
+    };
+    const std::vector<torch::Tensor> fused = pass(true), plain = pass(false);
+    const double tolerance = autocast ? 3e-2 : 1e-4;
+    REQUIRE(fused.size() == plain.size());
+    for (std::size_t i = 0; i < fused.size(); ++i) {
+      CAPTURE(i);
+      const double scale = std::max(1.0, plain[i].abs().max().item<double>());
+      CHECK((fused[i] - plain[i]).abs().max().item<double>() <= tolerance * scale);
     }
   }
 }

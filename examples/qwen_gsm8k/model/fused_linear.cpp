@@ -9,6 +9,7 @@
 
 #include "dapo/detail/autograd_node.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/fused_training.hpp"
 
 namespace qwen {
 namespace {
@@ -108,20 +109,27 @@ void FusedLinears::fuse() {
 torch::Tensor FusedLinears::forward(const torch::Tensor& x) {
   if (!fused()) fuse();
   const bool bias = layers_.front()->bias.defined();
+  // The training forward's product with gradients has its backward as one node (fused::linear_trained).
+  const auto product = [&](const torch::Tensor& weight, const torch::Tensor& bias_block) {
+    if (torch::GradMode::is_enabled() && fused::uses_fused_training(x)) {
+      return fused::linear_trained(x, weight, bias_block);
+    }
+    return at::linear(x, weight, bias_block);
+  };
   const auto& step = autocast_state::step_casts();
   if (const auto dtype = autocast_state::weight_cast_dtype(weight_); step && dtype) {
-    // The optimizer step's cast of the block, differentiable with respect to the parts (WeightCastScope); the bias
-    // as below.
+    // The optimizer step's cast of the block, differentiable with respect to the parts (WeightCastScope), and the
+    // joined bias once per step too (in its own dtype: no cast), which autocast's linear then casts.
     const torch::Tensor weight = step->get(weight_, *dtype, [&] { return joined(parts(layers_, false), weight_); });
-    return at::linear(x, weight, bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
+    if (!bias) return product(weight, torch::Tensor());
+    return product(weight, step->get(bias_, bias_.scalar_type(), [&] { return joined(parts(layers_, true), bias_); }));
   }
   if (!torch::GradMode::is_enabled()) {
     // The bias as it is: autocast casts it as it would an unfused layer's (a cast of the bias beforehand rounds
     // LibTorch 1.13's CPU bfloat16 products differently).
     return at::linear(x, autocast_weight(weight_), bias ? bias_ : torch::Tensor());
   }
-  return at::linear(x, joined(parts(layers_, false), weight_),
-                    bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
+  return product(joined(parts(layers_, false), weight_), bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
 }
 
 }  // namespace qwen

@@ -11,30 +11,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "qwen_gsm8k/model/block_sum.cuh"
 #include "qwen_gsm8k/model/fused_kernels.hpp"
 
 namespace qwen::fused::kernels {
 namespace {
 
 constexpr int kThreads = 256;  // a multiple of the warp's 32
-
-// The sum of every thread's `value` in the block, returned to every thread.
-template <typename Acc>
-__device__ Acc block_sum(Acc value) {
-  __shared__ Acc partial[kThreads / 32];
-  __shared__ Acc total;
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  if (lane == 0) partial[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < kThreads / 32 ? partial[lane] : Acc(0);
-    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-    if (lane == 0) total = value;
-  }
-  __syncthreads();
-  return total;
-}
 
 // One block per row: sum = residual + x (stored), then Qwen2RMSNorm of the stored sum: normalised in float32, cast
 // back, times the weight.
@@ -50,7 +33,7 @@ __global__ void add_rms_norm_kernel(const T* x, const T* residual, const T* weig
     const Acc value = static_cast<Acc>(total);
     squares += value * value;
   }
-  const Acc inverse = rsqrt(block_sum(squares) / static_cast<Acc>(hidden) + static_cast<Acc>(eps));
+  const Acc inverse = rsqrt(cuda::block_sum<kThreads>(squares) / static_cast<Acc>(hidden) + static_cast<Acc>(eps));
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {  // each thread reads back its own writes
     const T scaled = static_cast<T>(static_cast<Acc>(sum[offset + i]) * inverse);
     normed[offset + i] = static_cast<T>(static_cast<Acc>(weight[i]) * static_cast<Acc>(scaled));

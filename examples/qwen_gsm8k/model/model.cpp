@@ -10,6 +10,7 @@
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/batched_matmul.hpp"
 #include "qwen_gsm8k/model/fused_ops.hpp"
+#include "qwen_gsm8k/model/fused_training.hpp"
 #include "qwen_gsm8k/model/gradient_checkpointing.hpp"
 #include "qwen_gsm8k/model/host_door.hpp"
 
@@ -137,8 +138,12 @@ AttentionInputs attention_inputs(const torch::Tensor& mask, const torch::Tensor&
 
 // layer(x), reading the weight as autocast_weight gives it (no cast per decode step); the bias as it is. ATen's linear
 // (torch.nn.functional.linear's, transformers'): one operator, and with a bias one addmm over the rows (LibTorch's C++
-// functional::linear is matmul with weight.t(), then an add of the bias).
+// functional::linear is matmul with weight.t(), then an add of the bias). The training forward's products with
+// gradients: the same call, with its backward as one node (fused::linear_trained).
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  if (torch::GradMode::is_enabled() && fused::uses_fused_training(x)) {
+    return fused::linear_trained(x, autocast_weight(layer->weight), layer->bias);
+  }
   return at::linear(x, autocast_weight(layer->weight), layer->bias);
 }
 
@@ -169,6 +174,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& hidden, const Attentio
         cache->rotate_and_update(layer, product, inputs.cos, inputs.sin, heads_, kv_heads_);
     if (fused.query.defined()) return project(o_proj, attend(fused.query, fused.keys, fused.values, inputs.mask));
   }
+  if (cache == nullptr && fused::uses_fused_training(product)) {
+    // The training forward: RoPE, heads first and the split in one operator with its own backward.
+    const std::vector<torch::Tensor> q_k_v =
+        fused::rotary_qkv_heads(product, inputs.cos, inputs.sin, heads_, kv_heads_);
+    return project(o_proj, attend(q_k_v[0], q_k_v[1], q_k_v[2], inputs.mask));
+  }
   // Heads [B, N + 2 KV, T, D] (a view).
   const torch::Tensor qkv = product.view({batch, positions, heads_ + 2 * kv_heads_, head_dim_}).transpose(1, 2);
   // RoPE on the query and key heads together, then the three as views (a split is one operator, a narrow each).
@@ -192,9 +203,9 @@ torch::Tensor AttentionImpl::attend(const torch::Tensor& query, const torch::Ten
     // [B, N, T, D] (causal) or [B, KV, G T, D] (folded): the same order of heads, query head h = kv G + g. One
     // position (decode): that is already [B, 1, N D].
     if (positions == 1) return attended.reshape({batch, 1, heads_ * head_dim_});
-    return attended.reshape({batch, heads_, positions, head_dim_})
-        .transpose(1, 2)
-        .reshape({batch, positions, heads_ * head_dim_});
+    const torch::Tensor heads_first =
+        attended.size(1) == heads_ ? attended : attended.reshape({batch, heads_, positions, head_dim_});
+    return heads_first.transpose(1, 2).reshape({batch, positions, heads_ * head_dim_});
   }
 #endif
   // Eager attention (LibTorch 1.x's only one, and the CPU's before 2.14: measured on 2 cores, docs/benchmarks.md,
@@ -214,9 +225,16 @@ torch::Tensor AttentionImpl::forward_shared(const torch::Tensor& hidden, const S
   const int64_t responses = inputs.responses, response_positions = inputs.response_positions;
   const int64_t tokens = hidden.size(0), width = heads_ + 2 * kv_heads_;
   // As forward, with the packed tokens as one axis: [tokens, N + 2 KV, D], RoPE on the query and key heads.
-  const torch::Tensor qkv = qkv_.forward(hidden).view({tokens, width, head_dim_});
-  const std::vector<torch::Tensor> qk_v = qkv.split_with_sizes({heads_ + kv_heads_, kv_heads_}, 1);
-  const torch::Tensor rotated = torch::cat({fused::rotary(qk_v[0], inputs.cos, inputs.sin), qk_v[1]}, 1);
+  const torch::Tensor product = qkv_.forward(hidden);
+  const auto rotate = [&] {
+    if (fused::uses_fused_training(product)) {
+      return fused::rotary_qkv(product, inputs.cos, inputs.sin, heads_, kv_heads_);
+    }
+    const std::vector<torch::Tensor> qk_v =
+        product.view({tokens, width, head_dim_}).split_with_sizes({heads_ + kv_heads_, kv_heads_}, 1);
+    return torch::cat({fused::rotary(qk_v[0], inputs.cos, inputs.sin), qk_v[1]}, 1);
+  };
+  const torch::Tensor rotated = rotate();
   // Padded for attention: [rows x positions, N + 2 KV, D], zero where no token is (those slots are masked or their
   // outputs dropped), then heads first, [rows, N + 2 KV, positions, D], split into q, k, v.
   const auto padded = [&](const torch::Tensor& packed, const torch::Tensor& slots, int64_t rows, int64_t positions) {
@@ -257,7 +275,9 @@ MLPImpl::MLPImpl(const Config& config) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  const std::vector<torch::Tensor> gate_up = gate_up_.forward(x).chunk(2, -1);  // [..., I] each
+  const torch::Tensor product = gate_up_.forward(x);
+  if (fused::uses_fused_training(product)) return project(down_proj, fused::silu_and_mul_trained(product));
+  const std::vector<torch::Tensor> gate_up = product.chunk(2, -1);  // [..., I] each
   return project(down_proj, torch::silu(gate_up[0]) * gate_up[1]);
 }
 
@@ -275,6 +295,10 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& config) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& hidden, const AttentionInputs& inputs,
                                         AttentionCache* cache, int64_t layer) {
+  if (cache == nullptr && fused::uses_fused_training(hidden)) {
+    return forward_fused(hidden,
+                         [&](const torch::Tensor& normed) { return self_attn(normed, inputs, nullptr, layer); });
+  }
   const torch::Tensor attended = hidden + self_attn(input_layernorm(hidden), inputs, cache, layer);
   return attended + mlp(post_attention_layernorm(attended));
 }
@@ -291,8 +315,25 @@ std::pair<torch::Tensor, torch::Tensor> DecoderLayerImpl::forward_generating(con
 }
 
 torch::Tensor DecoderLayerImpl::forward_shared(const torch::Tensor& hidden, const SharedAttentionInputs& inputs) {
+  if (fused::uses_fused_training(hidden)) {
+    return forward_fused(hidden,
+                         [&](const torch::Tensor& normed) { return self_attn->forward_shared(normed, inputs); });
+  }
   const torch::Tensor attended = hidden + self_attn->forward_shared(input_layernorm(hidden), inputs);
   return attended + mlp(post_attention_layernorm(attended));
+}
+
+torch::Tensor DecoderLayerImpl::forward_fused(const torch::Tensor& hidden,
+                                              const std::function<torch::Tensor(const torch::Tensor&)>& attention) {
+  // The norms' outputs in the dtype the products compute in (autocast's cast of their input, made by the norm).
+  const torch::ScalarType dtype =
+      active_autocast_dtype(hidden.device())
+          .value_or(c10::promoteTypes(hidden.scalar_type(), input_layernorm->weight.scalar_type()));
+  const torch::Tensor attended =
+      attention(fused::rms_norm_trained(hidden, input_layernorm->weight, input_layernorm->eps(), dtype));
+  const auto [normed, mid] = fused::add_rms_norm_trained(attended, hidden, post_attention_layernorm->weight,
+                                                         post_attention_layernorm->eps(), dtype);
+  return mid + mlp(normed);
 }
 
 torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {

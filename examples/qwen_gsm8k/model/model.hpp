@@ -11,6 +11,7 @@
 #include <torch/version.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -141,6 +142,11 @@ class DecoderLayerImpl : public torch::nn::Module {
   std::pair<torch::Tensor, torch::Tensor> forward_generating(const torch::Tensor& normed, const torch::Tensor& residual,
                                                              const AttentionInputs& inputs, AttentionCache* cache,
                                                              int64_t layer, const RMSNormImpl& next_norm);
+  // The training forward's form (fused_training.hpp: under autocast, and on CUDA): the norms and the residual add
+  // before the MLP's norm as fused operators with their own backward, the norms' outputs in the products' dtype.
+  // attention(normed) is the attention block's output.
+  torch::Tensor forward_fused(const torch::Tensor& hidden,
+                              const std::function<torch::Tensor(const torch::Tensor&)>& attention);
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};

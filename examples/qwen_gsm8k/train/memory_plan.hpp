@@ -8,11 +8,12 @@
 //
 // The per-token activation bytes are LibTorch's own, counted exactly by the tracking CPU allocator at three model
 // shapes (benchmarks/memory_bench, docs/benchmarks.md): float32 4 (12 H + 4 I + 2) bytes per token per decoder layer,
-// bfloat16 or float16 autocast 36 H + 9 I + 774, plus the attention's probabilities on the eager path (the CPU before
-// LibTorch 2.14: 4 or 6 x heads x T) or the fused kernel's log-sum-exp (4 x heads); with checkpointing a layer keeps
-// its float32 input, 4 H, and one layer at a time holds the rest while it is recomputed. On CUDA the caching
-// allocator reserves more than tensors hold (its blocks, fragmentation): the plan counts tensors, as
-// torch.cuda.max_memory_allocated does, and the CUDA check leaves a margin (kCudaReservedMargin).
+// bfloat16 or float16 autocast 20 H + 6 I + 8 (the fused training operators, model/fused_training.hpp), plus the
+// attention's probabilities on the eager path (the CPU before LibTorch 2.14: 4 or 6 x heads x T) or the fused kernel's
+// log-sum-exp (4 x heads); with checkpointing a layer keeps its float32 input, 4 H, and one layer at a time holds the
+// rest while it is recomputed. On CUDA the caching allocator reserves more than tensors hold (its blocks,
+// fragmentation): the plan counts tensors, as torch.cuda.max_memory_allocated does, and the CUDA check leaves a margin
+// (kCudaReservedMargin).
 //
 // Shapes: H hidden, I intermediate, V vocabulary, KV key/value heads, D head dimension, T a row's prompt + response.
 #pragma once

@@ -25,4 +25,16 @@ auto make_autograd_node() {
   }
 }
 
+// A node's owning pointer from inside it (as SavedVariable::unpack takes it, to restore a saved output's history):
+// shared_from_this() up to LibTorch 2.13, a new reference of the intrusive count from 2.14.
+template <class NodeT>
+auto owning_pointer(NodeT* node) {
+  using Base = std::conditional_t<true, torch::autograd::Node, NodeT>;  // Node, named so that it depends on NodeT
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, Base>) {
+    return c10::intrusive_ptr<Base>::reclaim_copy(node);
+  } else {
+    return std::static_pointer_cast<Base>(node->shared_from_this());
+  }
+}
+
 }  // namespace dapo::detail
