@@ -9,10 +9,12 @@
 // tokens, over m: exactly the ops of one decode step (the prefill and the final check cancel). Training forward: the
 // trainer's target_logprobs (the model's forward and the chunked lm-head log-probs) on --rows right-padded rows of
 // --length tokens, with gradients; then its backward; counted on a micro-batch after an optimizer step's first, whose
-// weight casts it reads (--weight-casts step, the trainer's WeightCastScope; autocast: each forward casts its own),
-// through the training forward's fused operators (model/fused_training.hpp; --fused-training off: the unfused calls).
-// Counted: every operator call (nested ones too: what one op dispatches to) and the top-level ones. Which attention
-// runs depends on LibTorch (model.hpp): before 2.14 the CPU has the eager products, from 2.14
+// weight casts it reads (--weight-casts step, the trainer's WeightCastScope; autocast: each forward casts its own) and
+// whose gradients it adds to, through the training forward's fused operators (model/fused_training.hpp;
+// --fused-training off: the unfused calls).
+// Counted: every operator call (nested ones too: what one op dispatches to), the top-level ones, and those a CUDA run
+// calls (all, less the calls inside a fused operator: on CUDA it is one kernel, on the CPU a composite). Which
+// attention runs depends on LibTorch (model.hpp): before 2.14 the CPU has the eager products, from 2.14
 // scaled_dot_product_attention as on CUDA.
 // Usage: ops_bench [--shape NAME] [--autocast none|bfloat16] [--weight-casts step|autocast] [--fused-training on|off]
 //                  [--rows N] [--tokens M] [--length L] [--threads N] [--json PATH]
@@ -51,9 +53,11 @@ class OpCounter {
  public:
   struct Counts {
     int64_t all = 0, top_level = 0, casts = 0;
+    int64_t on_cuda = 0;  // all, less the calls inside a fused operator (one kernel on CUDA; a composite on the CPU)
     std::map<std::string, int64_t> by_name, top_level_by_name;  // all calls and the top-level ones, by name
     Counts operator-(const Counts& other) const {
-      Counts out{all - other.all, top_level - other.top_level, casts - other.casts, by_name, top_level_by_name};
+      Counts out{all - other.all,  top_level - other.top_level, casts - other.casts, on_cuda - other.on_cuda, by_name,
+                 top_level_by_name};
       for (const auto& [name, count] : other.by_name) out.by_name[name] -= count;
       for (const auto& [name, count] : other.top_level_by_name) out.top_level_by_name[name] -= count;
       return out;
@@ -95,9 +99,11 @@ class OpCounter {
     }
     const bool top = depth()++ == 0;
     const std::string_view name = call.name();
+    const bool inside_fused = fused_depth() > 0;
     if (one_kernel_on_cuda(name)) ++fused_depth();
     const std::lock_guard<std::mutex> lock(mutex());
     ++counts().all;
+    if (!inside_fused) ++counts().on_cuda;
     if (top) {
       ++counts().top_level;
       ++counts().top_level_by_name[call.name()];
@@ -293,7 +299,7 @@ int main(int argc, char** argv) {
     const OpCounter::Counts before_warm_up = OpCounter::snapshot();
     qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).logp.sum().backward();  // warm-up
     const OpCounter::Counts warm_up = OpCounter::snapshot() - before_warm_up;
-    model->zero_grad();
+    // The gradients stay: the counted backward adds to them, as a step's later micro-batches do.
     const OpCounter::Counts before_forward = OpCounter::snapshot();
     const torch::Tensor logp = qwen::target_logprobs(model, ids, mask, loss_mask, logprob_options).logp;
     const OpCounter::Counts forward = OpCounter::snapshot() - before_forward;
@@ -309,12 +315,13 @@ int main(int argc, char** argv) {
         static_cast<long long>(args.rows), static_cast<double>(decode.all) / per_step,
         static_cast<double>(decode.top_level) / per_step, static_cast<double>(decode.casts) / per_step, step_ms);
     std::printf(
-        "  training forward (%lld x %lld, weight casts: %s, fused training operators: %s): %lld ops (%lld top-level), "
-        "%lld casts a CUDA run "
-        "launches; its backward %lld ops, %lld casts; the step's first micro-batch %lld ops, %lld casts\n",
+        "  training forward (%lld x %lld, weight casts: %s, fused training operators: %s): %lld ops (%lld top-level, "
+        "%lld a CUDA run calls), %lld casts a CUDA run launches; its backward %lld ops (%lld a CUDA run calls), %lld "
+        "casts; the step's first micro-batch %lld ops, %lld casts\n",
         static_cast<long long>(args.rows), static_cast<long long>(args.length), args.weight_casts.c_str(),
         args.fused_training.c_str(), static_cast<long long>(forward.all), static_cast<long long>(forward.top_level),
-        static_cast<long long>(forward.casts), static_cast<long long>(backward.all),
+        static_cast<long long>(forward.on_cuda), static_cast<long long>(forward.casts),
+        static_cast<long long>(backward.all), static_cast<long long>(backward.on_cuda),
         static_cast<long long>(backward.casts), static_cast<long long>(warm_up.all),
         static_cast<long long>(warm_up.casts));
     const nlohmann::json decode_top = top_ops(decode.by_name, per_step, 40);
@@ -344,10 +351,12 @@ int main(int argc, char** argv) {
                                  {"length", args.length},
                                  {"forward_ops", forward.all},
                                  {"forward_top_level_ops", forward.top_level},
+                                 {"forward_ops_on_cuda", forward.on_cuda},
                                  {"weight_casts", args.weight_casts},
                                  {"fused_training", args.fused_training},
                                  {"forward_casts", forward.casts},
                                  {"backward_ops", backward.all},
+                                 {"backward_ops_on_cuda", backward.on_cuda},
                                  {"backward_casts", backward.casts},
                                  {"first_micro_batch_ops", warm_up.all},
                                  {"first_micro_batch_casts", warm_up.casts},

@@ -95,7 +95,7 @@ TEST_CASE("checkpointed is the function itself without gradients, and a second b
 TEST_CASE("a WeightCastScope casts each weight once for every micro-batch and recompute, with the same gradients") {
   // Two micro-batches' forwards and backwards under bfloat16 autocast, with and without checkpointing: inside the scope
   // each weight matrix (the fused q/k/v and gate/up blocks, o_proj, down_proj and the tied lm-head) is cast once in
-  // all, and every gradient keeps the bits of autocast's own casts.
+  // all, and every gradient keeps the bits of autocast's own casts (the tied embedding's to within float32 rounding).
   torch::manual_seed(5);
   qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(97, 64, 4, 2, 4));
   const int64_t layers = 4, matrices = 4 * layers + 1;
@@ -132,9 +132,20 @@ TEST_CASE("a WeightCastScope casts each weight once for every micro-batch and re
       MESSAGE("the casts are not counted in a build with asserts against LibTorch without (weight_casts.hpp)");
     }
     REQUIRE(autocast_grads.size() == scope_grads.size());
+    const auto names = model->named_parameters().keys();
     for (std::size_t i = 0; i < scope_grads.size(); ++i) {
-      CAPTURE(i);
-      CHECK(torch::equal(autocast_grads[i], scope_grads[i]));
+      CAPTURE(names[i]);
+      if (names[i] != "model.embed_tokens.weight") {
+        CHECK(torch::equal(autocast_grads[i], scope_grads[i]));
+        continue;
+      }
+      // The tied embedding's gradient comes by two paths, the lookup's and the lm-head's: autocast adds their sum to
+      // the gradient, the scope's cast adds the lm-head's part itself (block_cast) before the lookup's AccumulateGrad
+      // adds its own. The same float32 terms in another order: equal to within a float32 rounding of each sum.
+      const double largest = autocast_grads[i].abs().max().item<double>();
+      const double diff = (autocast_grads[i] - scope_grads[i]).abs().max().item<double>();
+      MESSAGE("tied embedding: max |diff| " << diff << " of largest " << largest);
+      CHECK(diff <= 2e-6 * largest);
     }
   }
 }

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "qwen_gsm8k/model/block_cast.hpp"
+
 namespace qwen {
 
 namespace autocast_state {
@@ -72,26 +74,28 @@ inline int& guards() {  // AutocastGuards alive on this thread
 //   read through a view or a fused block;
 // - a WeightCastScope's (an optimizer step's), with gradients: each cast is a node of the autograd graph, made once
 //   and read by every micro-batch's forward, its checkpointed recomputes and the no-grad passes on the same weights;
-//   each backward through it hands the weight its float32 gradient, as autocast's own cast does.
+//   each backward through it adds into the weight's float32 gradient (block_cast), as autocast's own cast and the
+//   weight's AccumulateGrad do.
 // Keyed by the tensor; the memory it read is checked too.
 class WeightCasts {
  public:
-  // The cast of `weight` in `dtype`, made the first time it is asked for.
+  // The cast of `weight` in `dtype`, made the first time it is asked for (block_cast: its backward adds into the
+  // weight's gradient).
   torch::Tensor get(const torch::Tensor& weight, torch::ScalarType dtype) {
-    return get(weight, dtype, [&] { return weight; });
+    return get(weight, dtype, [&](torch::ScalarType to) { return block_cast({weight}, weight, to); });
   }
-  // The same for a weight read through `source()` (a view of `key`'s memory that carries its own autograd history, as
-  // a fused block's): the cast of source() in `dtype`. Made with gradients where the source asks for them, whatever
-  // the caller's grad mode, so that a no-grad pass and a recompute with gradients share it.
-  template <typename Source>
-  torch::Tensor get(const torch::Tensor& key, torch::ScalarType dtype, const Source& source) {
+  // The same for `key`'s cast made by `cast(dtype)` (a fused block's block_cast over its parameters). Made with
+  // gradients where the parameters ask for them, whatever the caller's grad mode, so that a no-grad pass and a
+  // recompute with gradients share it.
+  template <typename Cast>
+  torch::Tensor get(const torch::Tensor& key, torch::ScalarType dtype, const Cast& cast_of) {
     const std::lock_guard<std::mutex> lock(mutex_);  // a CUDA backward recomputes on the autograd engine's thread
     const auto found = casts_.find(key.unsafeGetTensorImpl());
     if (found != casts_.end() && found->second.data == key.data_ptr() && found->second.cast.scalar_type() == dtype) {
       return found->second.cast;
     }
     const torch::AutoGradMode grad_mode(with_gradients_);
-    torch::Tensor cast = source().to(dtype);
+    torch::Tensor cast = cast_of(dtype);
     casts_[key.unsafeGetTensorImpl()] = {key, cast, key.data_ptr()};
     return cast;
   }

@@ -1,14 +1,10 @@
 // One product for linear layers sharing an input (see the header).
 #include "qwen_gsm8k/model/fused_linear.hpp"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-
 #include <stdexcept>
-#include <string>
 
-#include "dapo/detail/autograd_node.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/block_cast.hpp"
 #include "qwen_gsm8k/model/fused_training.hpp"
 
 namespace qwen {
@@ -41,36 +37,6 @@ torch::Tensor block_alias(const torch::Tensor& block) {
   const torch::NoGradGuard no_grad;
   return torch::empty({0}, block.options())
       .set_(block.storage(), block.storage_offset(), block.sizes(), block.strides());
-}
-
-// d block -> the rows of each part. An autograd Node, as batched_matmul's (see there).
-struct JoinBackward : torch::autograd::Node {
-  std::vector<int64_t> rows;
-  std::string name() const override { return "qwen::FusedLinearsJoinBackward"; }
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    torch::autograd::variable_list out(rows.size());
-    const torch::Tensor& grad = grads[0];
-    if (!grad.defined()) return out;
-    int64_t offset = 0;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      if (should_compute_output(i)) out[i] = grad.narrow(0, offset, rows[i]);
-      offset += rows[i];
-    }
-    return out;
-  }
-};
-
-// The block, differentiable with respect to the parts that lie in it.
-torch::Tensor joined(const std::vector<torch::Tensor>& tensors, const torch::Tensor& block) {
-  torch::Tensor out = block_alias(block);
-  bool any = false;
-  for (const auto& tensor : tensors) any = any || tensor.requires_grad();
-  if (!torch::GradMode::is_enabled() || !any) return out;
-  const auto node = dapo::detail::make_autograd_node<JoinBackward>();
-  for (const auto& tensor : tensors) node->rows.push_back(tensor.size(0));
-  node->set_next_edges(torch::autograd::collect_next_edges(tensors));
-  torch::autograd::set_history(out, node);
-  return out;
 }
 
 }  // namespace
@@ -109,27 +75,25 @@ void FusedLinears::fuse() {
 torch::Tensor FusedLinears::forward(const torch::Tensor& x) {
   if (!fused()) fuse();
   const bool bias = layers_.front()->bias.defined();
-  // The training forward's product with gradients has its backward as one node (fused::linear_trained).
-  const auto product = [&](const torch::Tensor& weight, const torch::Tensor& bias_block) {
-    if (torch::GradMode::is_enabled() && fused::uses_fused_training(x)) {
-      return fused::linear_trained(x, weight, bias_block);
-    }
-    return at::linear(x, weight, bias_block);
-  };
   const auto& step = autocast_state::step_casts();
   if (const auto dtype = autocast_state::weight_cast_dtype(weight_); step && dtype) {
     // The optimizer step's cast of the block, differentiable with respect to the parts (WeightCastScope), and the
-    // joined bias once per step too (in its own dtype: no cast), which autocast's linear then casts.
-    const torch::Tensor weight = step->get(weight_, *dtype, [&] { return joined(parts(layers_, false), weight_); });
-    if (!bias) return product(weight, torch::Tensor());
-    return product(weight, step->get(bias_, bias_.scalar_type(), [&] { return joined(parts(layers_, true), bias_); }));
+    // bias block once per step too (in its own dtype: no cast), which autocast's linear then casts.
+    const torch::Tensor weight = step->get(
+        weight_, *dtype, [&](torch::ScalarType to) { return block_cast(parts(layers_, false), weight_, to); });
+    if (!bias) return fused::linear(x, weight, torch::Tensor());
+    return fused::linear(x, weight, step->get(bias_, bias_.scalar_type(), [&](torch::ScalarType to) {
+      return block_cast(parts(layers_, true), bias_, to);
+    }));
   }
   if (!torch::GradMode::is_enabled()) {
     // The bias as it is: autocast casts it as it would an unfused layer's (a cast of the bias beforehand rounds
     // LibTorch 1.13's CPU bfloat16 products differently).
     return at::linear(x, autocast_weight(weight_), bias ? bias_ : torch::Tensor());
   }
-  return product(joined(parts(layers_, false), weight_), bias ? joined(parts(layers_, true), bias_) : torch::Tensor());
+  // The training forward's product with gradients has its backward as one node (fused::linear).
+  return fused::linear(x, block_cast(parts(layers_, false), weight_, weight_.scalar_type()),
+                       bias ? block_cast(parts(layers_, true), bias_, bias_.scalar_type()) : torch::Tensor());
 }
 
 }  // namespace qwen

@@ -8,10 +8,11 @@
 // set_data, a clone): a check of data pointers per forward, nothing on the device. In-place updates (the optimizer,
 // load_weights, broadcasts) keep the slices in the block.
 //
-// Gradients: with grad mode on, the product reads the block through an autograd node whose backward hands each
-// parameter its rows of the block's gradient. Without it (generation) the product reads the block itself, cast once
-// per autocast region (autocast_weight: one cast per generation), never per decode step. Inside a WeightCastScope both
-// read the scope's cast of the block, made once through that node (one cast per optimizer step).
+// Gradients: with grad mode on, the product reads the block through block_cast, whose backward adds the block's
+// gradient into the parameters' gradients in one pass (they become slices of one gradient block). Without it
+// (generation) the product reads the block itself, cast once per autocast region (autocast_weight: one cast per
+// generation), never per decode step. Inside a WeightCastScope both read the scope's block_cast of the block, made once
+// (one cast per optimizer step).
 //
 // Shapes: O = the layers' outputs summed, I = input features.
 #pragma once

@@ -625,6 +625,11 @@ torch::Tensor linear_trained(const torch::Tensor& x, const torch::Tensor& weight
   return out;
 }
 
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (torch::GradMode::is_enabled() && uses_fused_training(x)) return linear_trained(x, weight, bias);
+  return at::linear(x, weight, bias);
+}
+
 namespace {
 
 // The product's autograd node for rotary_qkv's outputs, where the product asks for gradients.

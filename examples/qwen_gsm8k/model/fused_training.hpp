@@ -53,6 +53,10 @@ torch::Tensor silu_and_mul_trained(const torch::Tensor& gate_up);
 // undefined -> [..., out].
 torch::Tensor linear_trained(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
+// The product as the model's layers take it: linear_trained where grad mode is on and x takes the fused training
+// operators (uses_fused_training), at::linear otherwise.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
 // RoPE on the query and key heads of the q/k/v product, the value heads as they are, each head as fused::rotary
 // computes it. product [B, T, W D] or [T, W D]; cos and signed_sin contiguous with B T D elements each ([B, 1, T, D]
 // or [T, 1, D], as fused::rotary takes them) -> [B, T, W, D] ([T, W, D]).

@@ -12,6 +12,7 @@
 
 #include "dapo/detail/autograd_node.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/block_cast.hpp"
 
 namespace qwen {
 namespace {
@@ -43,6 +44,15 @@ struct CheckpointBackward : torch::autograd::Node {
       const AutocastGuard autocast_guard(device, autocast);
       const StepCastsInstalled step_casts(casts);  // on this thread, which is not the forward's on CUDA
       out = run(x);
+    }
+    if (accumulating_backward()) {
+      // A backward into .grad (the trainer's): the recompute's too, so that its parameters take their gradients as
+      // without checkpointing (a block_cast's one add per weight block) and this node hands on only the input's.
+      if (out.requires_grad()) {
+        torch::autograd::backward({out}, {grads[0]}, /*retain_graph=*/false, /*create_graph=*/false);
+      }
+      if (should_compute_output(0)) result[0] = x.grad();
+      return result;
     }
     std::vector<torch::Tensor> wrt;
     std::vector<std::size_t> slot;

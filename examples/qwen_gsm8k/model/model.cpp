@@ -139,12 +139,9 @@ AttentionInputs attention_inputs(const torch::Tensor& mask, const torch::Tensor&
 // layer(x), reading the weight as autocast_weight gives it (no cast per decode step); the bias as it is. ATen's linear
 // (torch.nn.functional.linear's, transformers'): one operator, and with a bias one addmm over the rows (LibTorch's C++
 // functional::linear is matmul with weight.t(), then an add of the bias). The training forward's products with
-// gradients: the same call, with its backward as one node (fused::linear_trained).
+// gradients: the same call, with its backward as one node (fused::linear).
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  if (torch::GradMode::is_enabled() && fused::uses_fused_training(x)) {
-    return fused::linear_trained(x, autocast_weight(layer->weight), layer->bias);
-  }
-  return at::linear(x, autocast_weight(layer->weight), layer->bias);
+  return fused::linear(x, autocast_weight(layer->weight), layer->bias);
 }
 
 }  // namespace
@@ -251,17 +248,17 @@ torch::Tensor AttentionImpl::forward_shared(const torch::Tensor& hidden, const S
   const int64_t prompt_tokens = inputs.prompt_tokens;
   const std::vector<torch::Tensor> prompt =
       padded(rotated.narrow(0, 0, prompt_tokens), inputs.prompt_slots, prompts, prompt_positions);
-  std::vector<torch::Tensor> parts{
-      packed(attend(prompt[0], prompt[1], prompt[2], inputs.prompt_mask), inputs.prompt_slots)};
-  if (tokens > prompt_tokens) {
-    const std::vector<torch::Tensor> response = padded(rotated.narrow(0, prompt_tokens, tokens - prompt_tokens),
-                                                       inputs.response_slots, responses, response_positions);
-    // Each row's keys and values: its prompt's P, then its own R.
-    const torch::Tensor key = torch::cat({prompt[1].index_select(0, inputs.row_prompt), response[1]}, 2);
-    const torch::Tensor value = torch::cat({prompt[2].index_select(0, inputs.row_prompt), response[2]}, 2);
-    parts.push_back(packed(attend(response[0], key, value, inputs.response_mask), inputs.response_slots));
-  }
-  return project(o_proj, torch::cat(parts, 0));
+  const torch::Tensor prompt_out =
+      packed(attend(prompt[0], prompt[1], prompt[2], inputs.prompt_mask), inputs.prompt_slots);
+  if (tokens <= prompt_tokens) return project(o_proj, prompt_out);
+  const std::vector<torch::Tensor> response = padded(rotated.narrow(0, prompt_tokens, tokens - prompt_tokens),
+                                                     inputs.response_slots, responses, response_positions);
+  // Each row's keys and values: its prompt's P, then its own R.
+  const torch::Tensor key = torch::cat({prompt[1].index_select(0, inputs.row_prompt), response[1]}, 2);
+  const torch::Tensor value = torch::cat({prompt[2].index_select(0, inputs.row_prompt), response[2]}, 2);
+  const torch::Tensor response_out =
+      packed(attend(response[0], key, value, inputs.response_mask), inputs.response_slots);
+  return project(o_proj, torch::cat({prompt_out, response_out}, 0));
 }
 
 MLPImpl::MLPImpl(const Config& config) {

@@ -151,12 +151,15 @@ MemoryPlan plan_memory(const MemoryPlanInput& input) {
                                          {"weight casts (autocast)", weight_casts},
                                          {"embedding and final norm", update_tokens * 16 * H},
                                          {"lm-head chunk", lm_head_chunk(update_tokens)}}));
-  // The end of the backward: with tied embeddings, the embedding's gradient and the lm-head's add up out of place
-  // (two more vocabulary-sized tensors beside the gradients; counted exactly by memory_bench). The weight casts are
-  // still there: they go after the optimizer step's last backward, before AdamW's step.
+  // The end of the backward: with tied embeddings, the embedding lookup's gradient beside the gradients (a
+  // vocabulary-sized tensor; counted exactly by memory_bench). In float32 the lm-head's part is another, the two added
+  // out of place; under autocast the lm-head's cast adds its part into the gradient itself (block_cast) and the
+  // lookup's is added to it in place. The weight casts are still there: they go after the optimizer step's last
+  // backward, before AdamW's step.
   if (c.tie_word_embeddings) {
+    const int64_t parts = autocast ? 1 : 2;
     plan.phases.push_back(phase("update: tied embedding gradient", {{"gradients", gradients},
-                                                                    {"embedding gradient parts", 2 * V * H * wb},
+                                                                    {"embedding gradient parts", parts * V * H * wb},
                                                                     {"weight casts (autocast)", weight_casts}}));
   } else if (autocast) {
     plan.phases.push_back(
