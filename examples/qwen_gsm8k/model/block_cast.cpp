@@ -61,7 +61,9 @@ struct BlockCastBackward : torch::autograd::Node {
     for (const Tensor& part : parts) {
       if (part.grad().defined()) return false;  // some set by another path: theirs to add to
     }
-    gradient = grad.to(dtype, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
+    gradient = grad.scalar_type() == dtype
+                   ? grad.clone(at::MemoryFormat::Contiguous)
+                   : grad.to(dtype, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
     publish();
     return true;
   }
