@@ -16,13 +16,6 @@ namespace {
 using torch::Tensor;
 using torch::autograd::variable_list;
 
-// A tensor of `sizes` (contiguous) over `like`'s storage from element `offset`: a new TensorImpl with no autograd
-// history and no view of another (LibTorch 1.13's zero_grad detaches gradients in place, which it refuses for views).
-Tensor over(const Tensor& like, int64_t offset, at::IntArrayRef sizes) {
-  const torch::NoGradGuard no_grad;
-  return torch::empty({0}, like.options()).set_(like.storage(), offset, sizes, c10::contiguous_strides(sizes));
-}
-
 // Edges: the parts, in order.
 struct BlockCastBackward : torch::autograd::Node {
   std::vector<Tensor> parts;  // the parameters (held: the node lives one optimizer step, or one forward's graph)
@@ -68,24 +61,20 @@ struct BlockCastBackward : torch::autograd::Node {
     return true;
   }
 
-  // Whether the parts' gradients lie side by side, contiguous, in their dtype: `gradient` then covers them.
+  // Whether the parts' gradients lie side by side, contiguous, in their dtype and shapes: `gradient` then covers them.
   bool find_gradient_block() {
-    const Tensor& first = parts.front().grad();
-    if (!first.defined() || first.scalar_type() != dtype || !first.is_contiguous()) return false;
-    const auto* base = static_cast<const char*>(first.data_ptr());
-    int64_t bytes = 0;
+    std::vector<Tensor> grads;
     for (const Tensor& part : parts) {
       const Tensor& grad = part.grad();
-      if (!grad.defined() || grad.scalar_type() != dtype || !grad.is_contiguous() || grad.sizes() != part.sizes() ||
-          !grad.storage().is_alias_of(first.storage()) || static_cast<const char*>(grad.data_ptr()) != base + bytes) {
-        return false;
-      }
-      bytes += static_cast<int64_t>(grad.nbytes());
+      if (!grad.defined() || grad.scalar_type() != dtype || grad.sizes() != part.sizes()) return false;
+      grads.push_back(grad);
     }
+    if (!lie_side_by_side(grads)) return false;
+    const Tensor& first = grads.front();
     if (parts.size() == 1) {
       gradient = first;
     } else if (!gradient.defined() || gradient.data_ptr() != first.data_ptr()) {
-      gradient = over(first, first.storage_offset(), block_sizes);
+      gradient = alias_over(first, first.storage_offset(), block_sizes);
     }
     return true;
   }
@@ -98,7 +87,7 @@ struct BlockCastBackward : torch::autograd::Node {
     }
     int64_t offset = gradient.storage_offset();
     for (Tensor& part : parts) {
-      part.mutable_grad() = over(gradient, offset, part.sizes());
+      part.mutable_grad() = alias_over(gradient, offset, part.sizes());
       offset += part.numel();
     }
   }
@@ -108,7 +97,7 @@ struct BlockCastBackward : torch::autograd::Node {
 Tensor plain_cast(const Tensor& block, torch::ScalarType dtype) {
   const torch::NoGradGuard no_grad;
   if (block.scalar_type() != dtype) return block.to(dtype);
-  return block.is_contiguous() ? over(block, block.storage_offset(), block.sizes()) : block.detach();
+  return block.is_contiguous() ? alias_over(block, block.storage_offset(), block.sizes()) : block.detach();
 }
 
 }  // namespace
@@ -116,6 +105,29 @@ Tensor plain_cast(const Tensor& block, torch::ScalarType dtype) {
 bool accumulating_backward() {
   const auto* info = torch::autograd::get_current_graph_task_exec_info();
   return info != nullptr && info->empty();
+}
+
+bool lie_side_by_side(const std::vector<torch::Tensor>& tensors, const torch::Tensor& block) {
+  if (tensors.empty() || !tensors.front().defined()) return false;
+  const Tensor& first = tensors.front();
+  const auto* base = static_cast<const char*>(first.data_ptr());
+  int64_t bytes = 0;
+  for (const Tensor& tensor : tensors) {
+    if (!tensor.defined() || tensor.scalar_type() != first.scalar_type() || tensor.device() != first.device() ||
+        !tensor.is_contiguous() || !tensor.storage().is_alias_of(first.storage()) ||
+        static_cast<const char*>(tensor.data_ptr()) != base + bytes) {
+      return false;
+    }
+    bytes += static_cast<int64_t>(tensor.nbytes());
+  }
+  if (!block.defined()) return true;
+  return block.data_ptr() == first.data_ptr() && block.scalar_type() == first.scalar_type() &&
+         block.device() == first.device() && bytes == static_cast<int64_t>(block.nbytes());
+}
+
+torch::Tensor alias_over(const torch::Tensor& like, int64_t offset, at::IntArrayRef sizes) {
+  const torch::NoGradGuard no_grad;
+  return torch::empty({0}, like.options()).set_(like.storage(), offset, sizes, c10::contiguous_strides(sizes));
 }
 
 torch::Tensor block_cast(const std::vector<torch::Tensor>& parts, const torch::Tensor& block, torch::ScalarType dtype) {

@@ -34,4 +34,13 @@ torch::Tensor block_cast(const std::vector<torch::Tensor>& parts, const torch::T
 // named), rather than handing gradients to named inputs (autograd::grad); false outside a backward.
 bool accumulating_backward();
 
+// Whether `tensors` lie side by side in memory, in order, each contiguous and of the first's dtype, device and storage,
+// covering exactly `block` (its first element where the first begins, its bytes) when `block` is given.
+bool lie_side_by_side(const std::vector<torch::Tensor>& tensors, const torch::Tensor& block = {});
+
+// A contiguous tensor of `sizes` over `like`'s storage from element `offset`: a new TensorImpl with no autograd
+// history and no view of another (LibTorch 1.13's zero_grad detaches gradients in place, which it refuses for views).
+// The storage must hold it (lie_side_by_side checks that first).
+torch::Tensor alias_over(const torch::Tensor& like, int64_t offset, at::IntArrayRef sizes);
+
 }  // namespace qwen

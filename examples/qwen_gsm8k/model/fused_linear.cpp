@@ -17,28 +17,6 @@ std::vector<torch::Tensor> parts(const std::vector<torch::nn::Linear>& layers, b
   return out;
 }
 
-// Whether each part is the next slice of `block` along its first axis.
-bool lies_in(const std::vector<torch::Tensor>& tensors, const torch::Tensor& block) {
-  if (!block.defined()) return false;
-  const auto* base = static_cast<const char*>(block.data_ptr());
-  int64_t offset = 0;
-  for (const auto& tensor : tensors) {
-    if (tensor.scalar_type() != block.scalar_type() || tensor.device() != block.device() || !tensor.is_contiguous() ||
-        tensor.data_ptr() != base + offset) {
-      return false;
-    }
-    offset += static_cast<int64_t>(tensor.nbytes());
-  }
-  return offset == static_cast<int64_t>(block.nbytes());
-}
-
-// The block as a new tensor over the same memory, with no autograd history (a fresh TensorImpl, not a view).
-torch::Tensor block_alias(const torch::Tensor& block) {
-  const torch::NoGradGuard no_grad;
-  return torch::empty({0}, block.options())
-      .set_(block.storage(), block.storage_offset(), block.sizes(), block.strides());
-}
-
 }  // namespace
 
 FusedLinears::FusedLinears(std::vector<torch::nn::Linear> layers) : layers_(std::move(layers)) {
@@ -50,8 +28,9 @@ FusedLinears::FusedLinears(std::vector<torch::nn::Linear> layers) : layers_(std:
 }
 
 bool FusedLinears::fused() const {
-  return lies_in(parts(layers_, false), weight_) &&
-         (!layers_.front()->bias.defined() || lies_in(parts(layers_, true), bias_));
+  const bool bias = layers_.front()->bias.defined();
+  return weight_.defined() && lie_side_by_side(parts(layers_, false), weight_) &&
+         (!bias || (bias_.defined() && lie_side_by_side(parts(layers_, true), bias_)));
 }
 
 void FusedLinears::fuse() {
@@ -68,7 +47,7 @@ void FusedLinears::fuse() {
     }
     // A leaf that asks for gradients (it never receives any: see the header), so that ATen's autocast caches its
     // cast where it caches and no AutocastGuard's autocast_weight cast is at hand.
-    (biases ? bias_ : weight_) = block_alias(block).requires_grad_(true);
+    (biases ? bias_ : weight_) = alias_over(block, block.storage_offset(), block.sizes()).requires_grad_(true);
   }
 }
 
