@@ -28,6 +28,7 @@
 #include "qwen_gsm8k/model/autocast.hpp"
 #include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/fused_training.hpp"
+#include "qwen_gsm8k/model/varlen_attention.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/optimizer.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
@@ -310,6 +311,54 @@ TEST_CASE("CUDA: the training forward through the fused kernels gives the unfuse
       CAPTURE(i);
       const double scale = std::max(1.0, plain[i].abs().max().item<double>());
       CHECK((fused[i] - plain[i]).abs().max().item<double>() <= tolerance * scale);
+    }
+  }
+}
+
+TEST_CASE("CUDA: the shared-prompt forward through FlashAttention's variable-length call gives the masked path's") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("no CUDA device: the variable-length attention check is skipped");
+    return;
+  }
+  const torch::Device cuda(torch::kCUDA, 0);
+  // The kernel runs here at this model's heads and at Qwen2.5-1.5B's (12 query heads, 2 key/value heads of 128).
+  REQUIRE(qwen::varlen_attention_usable(cuda, torch::kBFloat16, 4, 2, 16));
+  CHECK(qwen::varlen_attention_usable(cuda, torch::kBFloat16, 12, 2, 128));
+  torch::manual_seed(5);
+  qwen::Qwen2ForCausalLM model(dapo::test::tiny_qwen_config(97, 64, 4, 2, 2));
+  model->to(cuda);
+  // Prompts of 5, 8 and 3 tokens; six responses of 1, 4, 0, 7, 3 and 6 tokens, two per prompt.
+  const torch::Tensor prompt_lengths = torch::tensor({5, 8, 3}, torch::kInt64);
+  const torch::Tensor response_lengths = torch::tensor({1, 4, 0, 7, 3, 6}, torch::kInt64);
+  qwen::SharedPromptBatch batch{torch::randint(1, 97, {3, 8}, torch::kInt64), prompt_lengths,
+                                torch::randint(1, 97, {6, 7}, torch::kInt64), response_lengths,
+                                torch::tensor({0, 0, 1, 1, 2, 2}, torch::kInt64)};
+  for (const bool checkpointing : {false, true}) {
+    CAPTURE(checkpointing);
+    model->model->set_gradient_checkpointing(checkpointing);
+    const auto pass = [&](qwen::SharedAttention attention) {
+      const qwen::SharedAttentionChoice choice(attention);
+      model->zero_grad();
+      torch::Tensor hidden;
+      {
+        const qwen::AutocastGuard guard(cuda, torch::kBFloat16);
+        hidden = model->model->forward_shared(batch).to(torch::kFloat32);
+      }
+      (hidden * torch::sin(torch::arange(hidden.numel(), hidden.options()).view(hidden.sizes()))).sum().backward();
+      std::vector<torch::Tensor> out{hidden.detach().cpu()};
+      for (const auto& parameter : model->parameters()) out.push_back(parameter.grad().cpu());
+      return out;
+    };
+    const std::vector<torch::Tensor> packed = pass(qwen::SharedAttention::kAuto);
+    const std::vector<torch::Tensor> masked = pass(qwen::SharedAttention::kMasked);
+    REQUIRE(packed.size() == masked.size());
+    CHECK(packed[0].size(0) == 16 + 21);  // the real tokens only
+    for (std::size_t i = 0; i < packed.size(); ++i) {
+      CAPTURE(i);
+      const double scale = std::max(1.0, masked[i].abs().max().item<double>());
+      const double difference = (packed[i] - masked[i]).abs().max().item<double>();
+      MESSAGE("tensor " << i << ": max |packed - masked| " << difference << " of " << scale);
+      CHECK(difference <= 3e-2 * scale);
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/varlen_attention.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
 #include "qwen_gsm8k/train/update.hpp"
@@ -158,6 +159,47 @@ TEST_CASE("shared prompt: log-probs, entropy and their gradients equal each row'
       check_close(shared.gradients[i], own.gradients[i], 1e-4, 1e-6);
     }
   }
+}
+
+TEST_CASE("shared prompt: the packed layout's sequences are each prompt, then each response row after its prompt") {
+  // Prompts of 2 and 3 tokens (packed tokens 0-1, 2-4); responses of 1, 0 and 2 tokens continuing prompts 1, 0, 1
+  // (tokens 5, none, 6-7). The empty response is no sequence; each response's keys are its prompt's, then its own.
+  const qwen::VarlenLayout layout = qwen::shared_prompt_layout({2, 3}, {1, 0, 2}, {1, 0, 1});
+  CHECK(layout.key_tokens == std::vector<int64_t>{0, 1, 2, 3, 4, 2, 3, 4, 5, 2, 3, 4, 6, 7});
+  CHECK(layout.query_starts == std::vector<int64_t>{0, 2, 5, 6, 8});
+  CHECK(layout.key_starts == std::vector<int64_t>{0, 2, 5, 9, 14});
+  CHECK(layout.max_queries == 3);
+  CHECK(layout.max_keys == 5);
+  CHECK_THROWS_WITH(qwen::shared_prompt_layout({2}, {1}, {1}), doctest::Contains("response 0 continues prompt 1 of 1"));
+  CHECK_THROWS_WITH(qwen::shared_prompt_layout({0}, {}, {}), doctest::Contains("a prompt of 0 tokens"));
+}
+
+TEST_CASE("shared prompt: attention over the packed tokens (no padding, no mask) gives the masked path's values") {
+  // The layout FlashAttention's variable-length call takes on CUDA, run here through its float32 reference: the same
+  // log-probs, entropy and gradients as the padded rows with a mask, and as each row's own forward.
+  const qwen::TrainBatch batch = shared_batch();
+  for (const bool checkpointing : {false, true}) {
+    CAPTURE(checkpointing);
+    qwen::Qwen2ForCausalLM model = tiny_model();
+    model->model->set_gradient_checkpointing(checkpointing);
+    const auto shared_with = [&](qwen::SharedAttention attention) {
+      const qwen::SharedAttentionChoice choice(attention);
+      return logprobs_of(model, batch, true);
+    };
+    const Logprobs masked = shared_with(qwen::SharedAttention::kMasked);
+    const Logprobs packed = shared_with(qwen::SharedAttention::kReference);
+    const Logprobs own = logprobs_of(model, batch, false);
+    check_close(packed.logp, masked.logp, 1e-5);
+    check_close(packed.logp, own.logp, 1e-5);
+    check_close(packed.entropy, masked.entropy, 1e-5);
+    REQUIRE(packed.gradients.size() == masked.gradients.size());
+    for (std::size_t i = 0; i < masked.gradients.size(); ++i) {
+      CAPTURE(i);
+      check_close(packed.gradients[i], masked.gradients[i], 1e-4, 1e-6);
+    }
+  }
+  // The kernel itself runs on CUDA alone (cuda_test compares it with the masked path there).
+  CHECK_FALSE(qwen::varlen_attention_usable(torch::Device(torch::kCPU), torch::kBFloat16, 4, 2, 8));
 }
 
 TEST_CASE("shared prompt: under bfloat16 autocast, within bfloat16's rounding") {

@@ -232,6 +232,16 @@ torch::Tensor AttentionImpl::forward_shared(const torch::Tensor& hidden, const S
     return torch::cat({fused::rotary(qk_v[0], inputs.cos, inputs.sin), qk_v[1]}, 1);
   };
   const torch::Tensor rotated = rotate();
+  if (inputs.varlen.defined()) {
+    // The packed tokens as they are: each sequence's keys and values gathered ([keys, 2 KV, D]), one call.
+    const VarlenInputs& varlen = inputs.varlen;
+    const torch::Tensor query = rotated.narrow(1, 0, heads_);
+    const torch::Tensor key_value = rotated.narrow(1, heads_, 2 * kv_heads_).index_select(0, varlen.key_tokens);
+    const torch::Tensor key = key_value.narrow(1, 0, kv_heads_), value = key_value.narrow(1, kv_heads_, kv_heads_);
+    const torch::Tensor out = inputs.varlen_reference ? varlen_attention_reference(query, key, value, varlen)
+                                                      : varlen_attention(query, key, value, varlen);
+    return project(o_proj, out.reshape({tokens, heads_ * head_dim_}));
+  }
   // Padded for attention: [rows x positions, N + 2 KV, D], zero where no token is (those slots are masked or their
   // outputs dropped), then heads first, [rows, N + 2 KV, positions, D], split into q, k, v.
   const auto padded = [&](const torch::Tensor& packed, const torch::Tensor& slots, int64_t rows, int64_t positions) {
@@ -526,8 +536,17 @@ torch::Tensor Qwen2ModelImpl::forward_shared(const SharedPromptBatch& batch) {
   const torch::ScalarType dtype = active_autocast_dtype(device).value_or(hidden.scalar_type());
   const int64_t groups = config_.num_attention_heads / config_.num_key_value_heads;
   std::tie(inputs.cos, inputs.sin) = rotary_input(cos.squeeze(0).unsqueeze(1), sin.squeeze(0).unsqueeze(1), dtype);
-  inputs.prompt_mask = mask_input(torch::Tensor(), dtype, groups, prompt_positions, device);
-  if (responses > 0 && response_positions > 0) {
+  const SharedAttention attention = shared_attention_choice();
+  if (attention == SharedAttention::kReference ||
+      (attention == SharedAttention::kAuto &&
+       varlen_attention_usable(device, dtype, config_.num_attention_heads, config_.num_key_value_heads,
+                               config_.head_dim()))) {
+    inputs.varlen = varlen_inputs(shared_prompt_layout(prompt_lengths, response_lengths, row_prompt), device);
+    inputs.varlen_reference = attention == SharedAttention::kReference;
+  } else {
+    inputs.prompt_mask = mask_input(torch::Tensor(), dtype, groups, prompt_positions, device);
+  }
+  if (!inputs.varlen.defined() && responses > 0 && response_positions > 0) {
     // Response query t of row r sees its prompt's real keys (s < its length) and its own keys 0..t.
     const torch::Tensor row_lengths = on_device(batch.prompt_lengths).index_select(0, inputs.row_prompt);  // [Rn]
     const torch::Tensor prompt_keys =

@@ -18,6 +18,7 @@
 #include "qwen_gsm8k/model/config.hpp"
 #include "qwen_gsm8k/model/fused_linear.hpp"
 #include "qwen_gsm8k/model/kv_cache.hpp"
+#include "qwen_gsm8k/model/varlen_attention.hpp"
 
 namespace qwen {
 
@@ -81,8 +82,9 @@ struct AttentionInputs {
 };
 
 // What every layer's attention reads in a shared-prompt forward (Qwen2ModelImpl::forward_shared). The tokens are
-// packed, real ones only: every prompt's, then every response row's. Attention alone sees them padded: prompts as
-// [Pn, P] and responses as [Rn, R], right-padded, through the packed index of each padded slot that holds a token.
+// packed, real ones only: every prompt's, then every response row's. Attention sees them as they are where
+// FlashAttention's variable-length call runs (CUDA, half precision: varlen_attention.hpp), and elsewhere padded:
+// prompts as [Pn, P] and responses as [Rn, R], right-padded, through the packed index of each padded slot.
 struct SharedAttentionInputs {
   torch::Tensor cos, sin;  // [tokens, 1, D], as AttentionInputs' (sin's first half negated)
   int64_t prompts = 0, prompt_positions = 0, responses = 0, response_positions = 0;  // Pn, P, Rn, R
@@ -93,6 +95,10 @@ struct SharedAttentionInputs {
   // The prompts' causal attention (undefined for SDPA's is_causal), and the responses' mask over [their prompt's P
   // keys, their own R keys] (padding of the prompt and the future masked), both as AttentionInputs::mask.
   torch::Tensor prompt_mask, response_mask;
+  // Where defined, attention takes the packed tokens as they are instead (varlen_attention.hpp: no padding, no
+  // mask; the masks and padded layouts above are not made): each prompt and each response row one sequence.
+  VarlenInputs varlen;
+  bool varlen_reference = false;  // varlen_attention_reference instead of the kernel (SharedAttention::kReference)
 };
 
 class AttentionImpl : public torch::nn::Module {
