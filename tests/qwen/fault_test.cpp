@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -253,6 +254,89 @@ TEST_CASE(
   CHECK(rows_without_clock(output / "metrics.jsonl") == rows_without_clock(reference / "metrics.jsonl"));
   const auto final_weights = fs::path("checkpoints") / "step-000004" / "model.safetensors";
   CHECK(read_file(output / final_weights) == read_file(reference / final_weights));
+}
+
+TEST_CASE(
+    "fault: SIGKILL after a periodic checkpoint; --resume with a smaller micro-batch (memory) repeats the run within "
+    "float32 rounding; a changed learning rate is refused") {
+  TinyRun setup;
+  // Two groups per update in one micro-batch; the resumed run cuts the update into two micro-batches of one group.
+  const auto command = [&](const fs::path& output, const std::vector<std::pair<std::string, std::string>>& settings) {
+    std::vector<std::string> arguments = setup.train(output, 3, {}, 2);
+    for (const auto& [name, value] : settings) {
+      const auto given = std::find(arguments.begin(), arguments.end(), name);
+      if (given == arguments.end()) {
+        arguments.insert(arguments.end(), {name, value});
+      } else {
+        *std::next(given) = value;
+      }
+    }
+    return arguments;
+  };
+  const std::vector<std::pair<std::string, std::string>> whole_batch{{"--ppo-mini-batch-size", "2"},
+                                                                     {"--ppo-micro-batch-size", "2"}};
+  const auto reference = setup.dir("reference");
+  const Finished whole = run_to_end(command(reference, whole_batch), setup.dir("reference.log"));
+  REQUIRE_MESSAGE(whole.status == 0, whole.output);
+
+  // Killed without warning right after step 2's checkpoint (--save-every 2), while step 3 runs.
+  const auto output = setup.dir("killed");
+  {
+    auto options = spawn_options(output.string() + ".log");
+    options.pipe_stdout = true;
+    dapo::test::Child child(command(output, whole_batch), options);
+    wait_for_line_starting(child, "checkpoint step-000002: saved");
+    child.signal(SIGKILL);
+    while (child.read_line()) {
+    }
+    REQUIRE(child.wait() == 128 + SIGKILL);
+  }
+  const auto root = output / "checkpoints";
+  REQUIRE(qwen::find_checkpoint(root) == root / "step-000002");
+
+  // A setting that changes what an update computes is refused, naming it; the run directory is left as it was.
+  const auto before = snapshot(output);
+  auto other_lr = whole_batch;
+  other_lr.insert(other_lr.end(), {{"--lr", "2e-3"}, {"--resume", root.string()}});
+  const Finished refused = run_to_end(command(output, other_lr), setup.dir("refused.log"));
+  CHECK(refused.status != 0);
+  CHECK(contains(refused.errors, "option lr was 0.001 in the checkpointed run but is 0.002 now"));
+  CHECK(contains(refused.errors, "a resume may change only"));
+  CHECK(snapshot(output) == before);
+
+  // One group per micro-batch: taken, and said.
+  const Finished resumed = run_to_end(
+      command(output, {{"--ppo-mini-batch-size", "2"}, {"--ppo-micro-batch-size", "1"}, {"--resume", root.string()}}),
+      setup.dir("resumed.log"));
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.output);
+  CHECK(contains(resumed.output, "resumed at step 2"));
+  CHECK(contains(resumed.output, "resume from step-000002: took ppo_micro_batch_size 2 -> 1 (memory"));
+  // Steps 1 and 2 are the checkpointed run's rows; step 3 (from the same weights, the same rollouts) sums its
+  // update's two micro-batches where the reference summed one: every metric within float32 rounding.
+  const std::vector<nlohmann::json> got = rows_without_clock(output / "metrics.jsonl");
+  const std::vector<nlohmann::json> want = rows_without_clock(reference / "metrics.jsonl");
+  REQUIRE(got.size() == 3);
+  REQUIRE(want.size() == 3);
+  CHECK(got[0] == want[0]);
+  CHECK(got[1] == want[1]);
+  int compared = 0;
+  double largest = 0.0;
+  for (const auto& [key, value] : want[2].items()) {
+    CAPTURE(key);
+    REQUIRE(got[2].contains(key));
+    if (!value.is_number()) {
+      CHECK(got[2].at(key) == value);
+      continue;
+    }
+    const double expected = value.get<double>(), actual = got[2].at(key).get<double>();
+    const double difference = std::abs(actual - expected) / std::max(1.0, std::abs(expected));
+    CHECK(difference <= 1e-5);
+    largest = std::max(largest, difference);
+    ++compared;
+  }
+  MESSAGE("step 3 with one micro-batch against two: " << compared << " metrics, largest difference " << largest);
+  CHECK(compared > 10);
+  CHECK(got[2].size() == want[2].size());
 }
 
 TEST_CASE("fault: SIGINT (Ctrl-C) stops the same way with status 130; a second signal kills at once") {

@@ -353,8 +353,9 @@ void add_train_options(CLI::App& command, TrainOptions& o) {
       ->check(positive());
   add_setting(command, "--pass-k", o.eval_pass_k, "Also report pass@k with sampling; 0 = off")->check(non_negative());
   add_setting(command, "--save-every,--save-steps", o.save_every,
-              "Checkpoint every K steps, and at the end; 0: only at the end; -1: never, not even at the end or when "
-              "stopped (verl trainer.save_freq, TRL save_steps)")
+              "Checkpoint every K steps, and at the end and when stopped, so that a killed run resumes (--resume); 0: "
+              "only at the end; -1: never, not even at the end or when stopped (verl trainer.save_freq, TRL "
+              "save_steps)")
       ->check(at_least(-1));
   add_setting(command, "--save-total-limit", o.keep_checkpoints,
               "Newest checkpoints kept; 0 keeps all (TRL save_total_limit, verl trainer.max_actor_ckpt_to_keep)")

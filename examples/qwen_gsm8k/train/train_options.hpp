@@ -110,8 +110,11 @@ struct TrainOptions {
   bool free_cache_engine = false;
   int64_t eval_every = 0;  // trainer.test_freq; 0: only at the start and the end
   int64_t eval_problems = 100;
-  int64_t eval_pass_k = 0;       // also pass@k with sampling when > 0
-  int64_t save_every = 0;        // trainer.save_freq; 0: only at the end; -1: never (benchmarks, as verl's -1)
+  int64_t eval_pass_k = 0;  // also pass@k with sampling when > 0
+  // trainer.save_freq; 0: only at the end; -1: never (benchmarks, as verl's -1). By default every 50 steps: at the
+  // seed's 12 s per step, 10 minutes of work at risk, for a 1.5B checkpoint (about 18.5 GB with AdamW's state) that
+  // takes seconds to write; save_total_limit keeps the newest two.
+  int64_t save_every = 50;
   int64_t keep_checkpoints = 2;  // TRL save_total_limit: newest checkpoints kept; 0 keeps all
   // transformers' max_shard_size ("5GB" = 5e9 bytes): model.safetensors above it is split into
   // model-0000k-of-0000n.safetensors with model.safetensors.index.json.

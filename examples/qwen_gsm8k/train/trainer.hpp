@@ -95,6 +95,9 @@ class Trainer {
   // `checkpoint`/latest names. Everything is read and checked before anything changes: a damaged or truncated file
   // throws std::runtime_error naming it, and the output directory is left as it was (the model's weights may then be
   // partly loaded). Only then are metrics.jsonl and eval.jsonl cut back to the checkpoint's rows.
+  // The run's settings must be the checkpointed run's, except those that change no update's arithmetic beyond float32
+  // rounding (micro-batch sizes, token budgets, gradient checkpointing, the shared prompt, CUDA graphs) or only when
+  // things happen (steps, intervals, evaluations): each such change is reported as taken.
   void resume(const std::filesystem::path& checkpoint);
 
   int64_t step_index() const { return step_; }

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 
 #include "qwen_gsm8k/common/atomic_file.hpp"
@@ -141,6 +143,57 @@ std::filesystem::path Trainer::save_checkpoint() {
   return checkpoint;
 }
 
+namespace {
+
+// The settings a resume may change, and why the run stays what it was: they decide when things happen, how a step's
+// work is cut (memory) or what an evaluation covers, not what an update computes. Those that cut the update's sums
+// otherwise keep the run within float32 rounding; the others keep it to the bit.
+const std::map<std::string, std::string>& resumable_settings() {
+  static const std::map<std::string, std::string> settings{
+      {"total_steps", "the run's length"},
+      {"eval_every", "an interval"},
+      {"save_every", "an interval"},
+      {"eval_problems", "what evaluations cover"},
+      {"eval_pass_k", "what evaluations cover"},
+      {"cuda_graphs", "speed alone"},
+      {"free_cache_engine", "memory alone"},
+      {"gradient_checkpointing", "memory alone"},
+      {"ppo_micro_batch_size", "memory: the update's sums in another order, within float32 rounding"},
+      {"use_dynamic_bsz", "memory: the update's sums in another order, within float32 rounding"},
+      {"ppo_max_token_len_per_gpu", "memory: the update's sums in another order, within float32 rounding"},
+      {"log_prob_max_token_len_per_gpu", "memory: the log-probs' sums in another order, within float32 rounding"},
+      {"shared_prompt", "speed and memory: sums in another order, within float32 rounding"}};
+  return settings;
+}
+
+std::string resumable_settings_list() {
+  std::string list;
+  for (const auto& [key, why] : resumable_settings()) list += (list.empty() ? "" : ", ") + key;
+  return list;
+}
+
+// The settings of `now` that differ from the checkpointed run's, each as "key old -> new (why it may)"; a difference
+// in any other setting throws, naming it.
+std::vector<std::string> resumed_setting_changes(const nlohmann::json& now, const nlohmann::json& checkpointed,
+                                                 const std::filesystem::path& state_path) {
+  std::vector<std::string> changed;
+  for (const auto& [key, value] : now.items()) {
+    if (!checkpointed.contains(key) || checkpointed.at(key) == value) continue;
+    const std::string change = key + " " + checkpointed.at(key).dump() + " -> " + value.dump();
+    const auto resumable = resumable_settings().find(key);
+    if (resumable == resumable_settings().end()) {
+      throw std::invalid_argument(state_path.string() + ": option " + key + " was " + checkpointed.at(key).dump() +
+                                  " in the checkpointed run but is " + value.dump() +
+                                  " now; resume with the same setting (a resume may change only " +
+                                  resumable_settings_list() + ")");
+    }
+    changed.push_back(change + " (" + resumable->second + ")");
+  }
+  return changed;
+}
+
+}  // namespace
+
 void Trainer::resume(const std::filesystem::path& checkpoint) {
   // Everything is read and checked first, files of the run are touched last: a damaged checkpoint fails naming the
   // file at fault and leaves the output directory exactly as it was.
@@ -148,17 +201,7 @@ void Trainer::resume(const std::filesystem::path& checkpoint) {
   if (!dir) throw std::runtime_error(checkpoint.string() + ": no checkpoint (no trainer_state.json and no latest)");
   const auto state_path = *dir / "trainer_state.json";
   const TrainerStateFile state = parse_trainer_state(read_checkpoint_file(state_path), state_path.string());
-  nlohmann::json current = options_.to_json();
-  for (const char* volatile_key : {"total_steps", "eval_every", "save_every"}) {  // may change on resume
-    current.erase(volatile_key);
-  }
-  for (const auto& [key, value] : current.items()) {
-    if (state.options.contains(key) && state.options.at(key) != value) {
-      throw std::invalid_argument(state_path.string() + ": option " + key + " was " + state.options.at(key).dump() +
-                                  " in the checkpointed run but is " + value.dump() +
-                                  " now; resume with the same settings");
-    }
-  }
+  const std::vector<std::string> changed = resumed_setting_changes(options_.to_json(), state.options, state_path);
   // The data must be the run's: its size first, before from_state builds an order of `count` indices.
   const auto count = state.sampler.find("count");
   if (count != state.sampler.end() && count->is_number_unsigned() && *count != train_.size()) {
@@ -195,6 +238,7 @@ void Trainer::resume(const std::filesystem::path& checkpoint) {
   load_weights(model_, *dir, load);
 
   // All loaded: now the trainer and the run's files change.
+  for (const std::string& change : changed) progress(label + "took " + change);
   optimizer_ = std::move(optimizer);
   step_ = state.step;
   updates_ = state.updates;
