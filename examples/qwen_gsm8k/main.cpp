@@ -19,6 +19,7 @@
 #include "qwen_gsm8k/cli/runtime.hpp"
 #include "qwen_gsm8k/demo/demo.hpp"
 #include "qwen_gsm8k/model/config.hpp"
+#include "qwen_gsm8k/model/device_check.hpp"
 #include "qwen_gsm8k/text/tokenize_command.hpp"
 
 int main(int argc, char** argv) {
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
 
   qwen::DistributedConfig distributed;
   try {
+    // A device this process cannot use is refused before --overwrite removes anything or a rank starts.
+    if (train.app->parsed()) qwen::usable_device(train.device, "train");
     // Before any rank starts, once: by this process alone, the launcher, or rank 0 of a torchrun-style launch.
     if (qwen::cli::prepares_output_here()) {
       if (demo.app->parsed()) qwen::cli::prepare_demo_output(demo);

@@ -210,6 +210,30 @@ TEST_CASE("cli: new settings: --logger, --log-rollouts, --max-shard-size, --chat
   CHECK(qwen::cli::byte_size_text(int64_t{2} << 30) == "2GiB");
 }
 
+TEST_CASE("cli: --data-preset names the data's fields; --question-field, --answer-field, --answer-format win") {
+  TrainInputs inputs;
+  const auto fields_of = [&](const std::vector<std::string>& arguments) {
+    Train train;
+    parse(train.app, plus(inputs.required(), arguments));
+    return qwen::cli::data_fields(train.command.data_preset, train.command.fields, train.command.answer_format);
+  };
+  const qwen::DataFields plain = fields_of({});
+  CHECK(plain.question == "question");
+  CHECK(plain.answer == "answer");
+  CHECK(plain.format == qwen::AnswerFormat::kGsm8k);
+  const qwen::DataFields verl = fields_of({"--data-preset", "verl"});
+  CHECK(verl.question == "prompt");
+  CHECK(verl.answer == "reward_model.ground_truth");
+  CHECK(verl.format == qwen::AnswerFormat::kNumber);
+  const qwen::DataFields chinese = fields_of({"--data-preset", "gsm8k_chinese", "--question-field", "question"});
+  CHECK(chinese.question == "question");
+  CHECK(chinese.answer == "answer_only");
+  CHECK(chinese.format == qwen::AnswerFormat::kNumber);
+  CHECK(fields_of({"--data-preset", "verl", "--answer-format", "gsm8k"}).format == qwen::AnswerFormat::kGsm8k);
+  Train train;
+  CHECK_THROWS_AS(parse(train.app, plus(inputs.required(), {"--data-preset", "openai"})), CLI::ValidationError);
+}
+
 TEST_CASE("cli: the loss family and the advantage estimators by verl's names") {
   TrainInputs inputs;
   Train train;

@@ -26,6 +26,7 @@
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/engine/generate.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/device_check.hpp"
 #include "qwen_gsm8k/model/fused_ops.hpp"
 #include "qwen_gsm8k/model/fused_training.hpp"
 #include "qwen_gsm8k/model/varlen_attention.hpp"
@@ -381,10 +382,23 @@ TEST_CASE("CUDA: --device is checked with the option named, on the command line 
                        doctest::Contains("--device meta is not supported, expected cpu or cuda[:N]"),
                        std::invalid_argument);
   if (!torch::cuda::is_available()) {
-    CHECK_THROWS_WITH_AS(
-        parse({"demo", "--device", "cuda"}),
-        doctest::Contains("demo: --device cuda asks for CUDA, but torch::cuda::is_available() is false"),
-        CLI::ValidationError);
+    // The sentence says which is missing: CUDA in this LibTorch (Debian's), or a GPU (pip's torch on a CPU machine).
+    const std::string missing = qwen::libtorch_has_cuda() ? "this LibTorch has CUDA, but no GPU is visible"
+                                                          : "this program's LibTorch was built without CUDA";
+    CHECK_THROWS_WITH_AS(parse({"demo", "--device", "cuda"}),
+                         doctest::Contains(("demo: --device cuda asks for CUDA" +
+                                            std::string(qwen::libtorch_has_cuda() ? "; " : ", but ") + missing)
+                                               .c_str()),
+                         CLI::ValidationError);
+    for (const char* command : {"train", "eval", "generate"}) {
+      CAPTURE(command);
+      CHECK_THROWS_WITH_AS(qwen::usable_device("cuda", command),
+                           doctest::Contains((std::string(command) + ": --device cuda asks for CUDA").c_str()),
+                           std::invalid_argument);
+    }
+    CHECK_THROWS_WITH_AS(qwen::usable_device("gpu", "train"),
+                         doctest::Contains("train: --device \"gpu\" is not a device, expected cpu or cuda[:N]"),
+                         std::invalid_argument);
     dapo::test::ScratchDir scratch;
     qwen::DemoOptions demo;
     demo.output_dir = scratch.path();  // refused before anything is written; nothing would land in the working dir

@@ -141,6 +141,40 @@ TEST_CASE("dotted field names are paths into verl's preprocessed lines; a key wi
   CHECK(error_for("prompt.0").find("field \"prompt.0\" is {") != std::string::npos);  // an object, not a string
 }
 
+TEST_CASE("data presets: GSM8K's layout, the seed's Chinese GSM8K, verl's chat-message prompt; hints name the flags") {
+  dapo::test::ScratchDir scratch;
+  const auto load = [&](const std::string& preset, const std::string& line) {
+    return qwen::load_problems(write_lines(scratch, preset + ".jsonl", {line}), qwen::data_preset(preset)).problems;
+  };
+  CHECK(load("gsm8k", kGood).at(0).reference == "2");
+  const auto chinese = load(
+      "gsm8k_chinese", R"({"question": "Tom has 6 coins.", "question_zh-cn": "汤姆有6枚硬币，送出4枚。还剩几枚？",)"
+                       R"( "answer": "6-4=2\n#### 2", "answer_only": "2"})");
+  CHECK(chinese.at(0).question == "汤姆有6枚硬币，送出4枚。还剩几枚？");
+  CHECK(chinese.at(0).reference == "2");
+  // verl's prompt is a list of chat messages: the question is the last user turn's content (after any system turn).
+  const auto verl =
+      load("verl", R"({"data_source": "openai/gsm8k", "prompt": [{"role": "system", "content": "Be brief."},)"
+                   R"( {"role": "user", "content": "How many are left?"}],)"
+                   R"( "reward_model": {"style": "rule", "ground_truth": "72"}})");
+  CHECK(verl.at(0).question == "How many are left?");
+  CHECK(verl.at(0).reference == "72");
+  CHECK_THROWS_WITH_AS(load("verl", R"({"prompt": [{"role": "system", "content": "Be brief."}],)"
+                                    R"( "reward_model": {"ground_truth": "72"}})"),
+                       contains("field \"prompt\" is a list with no {\"role\": \"user\", \"content\": ...} message"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(qwen::data_preset("openai"),
+                       contains("data preset \"openai\" is not one of gsm8k, gsm8k_chinese, verl"),
+                       std::invalid_argument);
+  // The hints name the options that fix the line.
+  CHECK_THROWS_WITH(load("gsm8k", R"({"question": "How many?", "answer": 2})"),
+                    contains("(hint: --answer-format number reads a numeric answer field; --skip-bad-lines skips bad "
+                             "lines)"));
+  CHECK_THROWS_WITH(load("gsm8k", R"({"question_zh-cn": "How many?", "answer": "#### 2"})"),
+                    contains("--question-field and --answer-field name the fields, --data-preset gsm8k, "
+                             "gsm8k_chinese or verl a known layout"));
+}
+
 TEST_CASE("BadLines::kSkip passes over malformed lines and counts them") {
   dapo::test::ScratchDir scratch;
   const auto path =

@@ -4,6 +4,7 @@
 // program printed, never the clock; the runs are a few GRPO steps of a 165K-parameter model, seconds each.
 #include <signal.h>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -337,6 +338,23 @@ TEST_CASE(
   MESSAGE("step 3 with one micro-batch against two: " << compared << " metrics, largest difference " << largest);
   CHECK(compared > 10);
   CHECK(got[2].size() == want[2].size());
+}
+
+TEST_CASE("fault: --device cuda where CUDA cannot run is refused before --overwrite removes the run it would replace") {
+  if (torch::cuda::is_available()) {
+    MESSAGE("a GPU is visible: --device cuda runs here, nothing to refuse");
+    return;
+  }
+  TinyRun setup;
+  const auto output = setup.dir("run");
+  const Finished first = run_to_end(setup.train(output, 1), setup.dir("first.log"));
+  REQUIRE_MESSAGE(first.status == 0, first.output);
+  const auto before = snapshot(output);
+  const Finished refused =
+      run_to_end(setup.train(output, 1, {"--device", "cuda", "--overwrite"}), setup.dir("refused.log"));
+  CHECK(refused.status != 0);
+  CHECK(contains(refused.errors, "train: --device cuda asks for CUDA"));
+  CHECK(snapshot(output) == before);  // the old run is still there, every byte
 }
 
 TEST_CASE("fault: SIGINT (Ctrl-C) stops the same way with status 130; a second signal kills at once") {

@@ -49,10 +49,13 @@ int run_demo_command(const DemoCommand& command, const DistributedConfig& distri
 struct TrainCommand {
   TrainOptions options;  // --algo grpo's preset already applied to the settings not given (see add_train_command)
   std::string model_dir, train_file, test_file, output = "train-output", device = "cpu", dtype = "float32";
-  std::string autocast = "off", resume, algorithm = "dapo", answer_format = "gsm8k";
+  std::string autocast = "off", resume, algorithm = "dapo";
+  // --data-preset's fields, each of --question-field, --answer-field, --answer-format given (not empty) taking its
+  // place.
+  std::string data_preset = "gsm8k", answer_format;
   std::string chat_template = "check";  // check: the model's template must be the one built in; builtin: use ours
   std::string load_format = "auto";     // auto: --model's safetensors; dummy: random weights of its config.json
-  DataFields fields;
+  DataFields fields{.question = "", .answer = ""};
   bool skip_bad_lines = false, lenient_answers = false, allow_bf16_weights = false;
   bool overwrite = false, print_config = false;
   // --memory-plan table|json: print the plan and exit (nothing loaded but config.json, the tokenizer and the data);
@@ -131,8 +134,9 @@ int run_generate_command(const GenerateCommand& command);
 
 struct EvalCommand {
   TrainOptions options;  // max_new_tokens, max_rollout_rows, the rewards' answer mode; the rest as training's defaults
-  std::string model_dir, test_file, device = "cpu", dtype = "float32", answer_format = "gsm8k";
-  DataFields fields;
+  std::string model_dir, test_file, device = "cpu", dtype = "float32";
+  std::string data_preset = "gsm8k", answer_format;  // as TrainCommand's
+  DataFields fields{.question = "", .answer = ""};
   int64_t problems = 0;
   bool lenient_answers = false, skip_bad_lines = false;
   CLI::App* app = nullptr;

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "qwen_gsm8k/cli/commands.hpp"
+#include "qwen_gsm8k/cli/options.hpp"
+#include "qwen_gsm8k/model/device_check.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/train/rollout.hpp"
 
@@ -25,10 +27,16 @@ void add_eval_command(CLI::App& app, EvalCommand& command) {
                   "The generation engine's slots; 0: every problem at once")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--question-field", command.fields.question, "JSON field of the question")->capture_default_str();
-  sub->add_option("--answer-field", command.fields.answer, "JSON field of the answer")->capture_default_str();
-  sub->add_option("--answer-format", command.answer_format, "gsm8k (\"... #### N\") or number")
+  sub->add_option("--data-preset", command.data_preset,
+                  "The data's layout: gsm8k (question, answer \"... #### N\"), gsm8k_chinese (question_zh-cn, "
+                  "answer_only), verl (prompt as chat messages, reward_model.ground_truth)")
       ->capture_default_str()
+      ->check(CLI::IsMember({"gsm8k", "gsm8k_chinese", "verl"}));
+  sub->add_option("--question-field", command.fields.question, "JSON field of the question")
+      ->default_str("the preset's");
+  sub->add_option("--answer-field", command.fields.answer, "JSON field of the answer")->default_str("the preset's");
+  sub->add_option("--answer-format", command.answer_format, "gsm8k (\"... #### N\") or number")
+      ->default_str("the preset's")
       ->check(CLI::IsMember({"gsm8k", "number"}));
   sub->add_flag("--lenient-answers", command.lenient_answers, "Read answers leniently (-7, 1,080)");
   sub->add_flag("--skip-bad-lines", command.skip_bad_lines, "Skip (and count) malformed data lines");
@@ -40,7 +48,8 @@ void add_eval_command(CLI::App& app, EvalCommand& command) {
 }
 
 nlohmann::json evaluate(EvalCommand command) {
-  command.fields.format = command.answer_format == "number" ? AnswerFormat::kNumber : AnswerFormat::kGsm8k;
+  const torch::Device device = usable_device(command.device, "eval");  // before any work
+  command.fields = data_fields(command.data_preset, command.fields, command.answer_format);
   const auto data =
       load_problems(command.test_file, command.fields, command.skip_bad_lines ? BadLines::kSkip : BadLines::kError);
   std::vector<Problem> problems = data.problems;
@@ -50,8 +59,7 @@ nlohmann::json evaluate(EvalCommand command) {
   TrainOptions options = command.options;
   if (command.lenient_answers) options.rewards.answer_mode = dapo::gsm8k::AnswerMode::kLenient;
   const Tokenizer tokenizer = Tokenizer::from_directory(command.model_dir);
-  auto model = load_model(command.model_dir, command.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32,
-                          torch::Device(command.device));
+  auto model = load_model(command.model_dir, command.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32, device);
   model->eval();
   const int64_t correct =
       greedy_correct(model, tokenizer, problems, rollout_options(options, tokenizer), [](int64_t done, int64_t total) {

@@ -14,6 +14,7 @@
 #include "qwen_gsm8k/cli/options.hpp"
 #include "qwen_gsm8k/engine/engine.hpp"
 #include "qwen_gsm8k/model/autocast.hpp"
+#include "qwen_gsm8k/model/device_check.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/text/chat.hpp"
 #include "qwen_gsm8k/text/tokenizer.hpp"
@@ -213,12 +214,12 @@ GenerateSummary generate_lines(Qwen2ForCausalLM& model, const Tokenizer& tokeniz
 }
 
 int run_generate_command(const GenerateCommand& command) {
+  const torch::Device device = usable_device(command.device, "generate");  // before any work
   const Tokenizer tokenizer = Tokenizer::from_directory(command.model_dir);
   std::ifstream in(command.input);
   if (!in) throw std::runtime_error("cannot read --input " + command.input);
   int64_t skipped = 0;
   const auto lines = read_generate_input(in, command.input, tokenizer, command.options, &skipped);
-  const torch::Device device(command.device);
   const auto dtype = command.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
   if (command.dtype != "float32" && command.dtype != "bfloat16") {
     throw std::invalid_argument("--dtype is '" + command.dtype + "', expected float32 or bfloat16");

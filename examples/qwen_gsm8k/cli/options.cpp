@@ -123,6 +123,14 @@ CLI::Validator finite() {
       "", [](double) { return true; }, "a finite number");
 }
 
+DataFields data_fields(const std::string& preset, const DataFields& given, const std::string& answer_format) {
+  DataFields fields = data_preset(preset);
+  if (!given.question.empty()) fields.question = given.question;
+  if (!given.answer.empty()) fields.answer = given.answer;
+  if (!answer_format.empty()) fields.format = answer_format == "number" ? AnswerFormat::kNumber : AnswerFormat::kGsm8k;
+  return fields;
+}
+
 std::string exact_number_text(double value) {
   std::array<char, 64> buffer{};
   const auto [end, error] = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qwen_gsm8k/common/run_directory.hpp"
+#include "qwen_gsm8k/data/data.hpp"
 #include "qwen_gsm8k/dist/distributed.hpp"
 #include "qwen_gsm8k/train/train_options.hpp"
 
@@ -111,6 +112,10 @@ std::optional<int> launch_or_join(const LaunchSettings& settings, int argc, char
                                   DistributedConfig& distributed);
 
 // --- template definitions ---------------------------------------------------------------------------------------
+
+// The data fields a command reads: --data-preset's (data_preset), each of --question-field, --answer-field and
+// --answer-format given (not empty: `given`'s names, `answer_format` "gsm8k" or "number") taking its place.
+DataFields data_fields(const std::string& preset, const DataFields& given, const std::string& answer_format);
 
 std::string exact_number_text(double value);  // shortest round-trip form (std::to_chars)
 

@@ -13,6 +13,7 @@
 #include "qwen_gsm8k/cli/commands.hpp"
 #include "qwen_gsm8k/cli/runtime.hpp"
 #include "qwen_gsm8k/common/stop_request.hpp"
+#include "qwen_gsm8k/model/device_check.hpp"
 #include "qwen_gsm8k/model/device_memory.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/text/chat_template.hpp"
@@ -71,9 +72,14 @@ void add_io_options(CLI::App& sub, TrainCommand& c) {
 void add_data_options(CLI::App& sub, TrainCommand& c) {
   // The seed's prompt has newlines: --help names it instead (--print-config still writes the value, or says why not).
   add_setting(sub, "--system-prompt", c.options.system_prompt, "System prompt")->default_str("the seed project's");
-  add_setting(sub, "--question-field", c.fields.question, "JSON field of the question");
-  add_setting(sub, "--answer-field", c.fields.answer, "JSON field of the answer");
+  add_setting(sub, "--data-preset", c.data_preset,
+              "The data's layout: gsm8k (question, answer \"... #### N\"), gsm8k_chinese (question_zh-cn, "
+              "answer_only), verl (prompt as chat messages, reward_model.ground_truth)")
+      ->check(CLI::IsMember({"gsm8k", "gsm8k_chinese", "verl"}));
+  add_setting(sub, "--question-field", c.fields.question, "JSON field of the question")->default_str("the preset's");
+  add_setting(sub, "--answer-field", c.fields.answer, "JSON field of the answer")->default_str("the preset's");
   add_setting(sub, "--answer-format", c.answer_format, "gsm8k (\"... #### N\") or number")
+      ->default_str("the preset's")
       ->check(CLI::IsMember({"gsm8k", "number"}));
   add_setting(sub, "--chat-template", c.chat_template,
               "check: refuse a model whose tokenizer_config.json chat template differs from the built-in Qwen2.5 "
@@ -190,8 +196,7 @@ MemoryPlanInput memory_plan_input(const TrainCommand& command) {
   input.config = Config::from_file(std::filesystem::path(command.model_dir) / "config.json");
   input.options = resolved_options(command);
   const Tokenizer tokenizer = Tokenizer::from_directory(command.model_dir);
-  DataFields fields = command.fields;
-  fields.format = command.answer_format == "number" ? AnswerFormat::kNumber : AnswerFormat::kGsm8k;
+  const DataFields fields = data_fields(command.data_preset, command.fields, command.answer_format);
   const auto data =
       load_problems(command.train_file, fields, command.skip_bad_lines ? BadLines::kSkip : BadLines::kError);
   input.max_prompt_tokens = longest_prompt_tokens(tokenizer, input.options.system_prompt, data.problems);
@@ -264,12 +269,14 @@ void check_memory_plan(const TrainCommand& command, torch::Device device) {
 }  // namespace
 
 int run_train_command(TrainCommand command, const DistributedConfig& distributed) {
-  command.fields.format = command.answer_format == "number" ? AnswerFormat::kNumber : AnswerFormat::kGsm8k;
+  command.fields = data_fields(command.data_preset, command.fields, command.answer_format);
   const TrainOptions options = resolved_options(command);
-  torch::Device device(command.device);
+  // Before any work: a device this process cannot use is refused with a sentence that says why.
+  torch::Device device = usable_device(command.device, "train");
   // One GPU per rank: cuda means cuda:LOCAL_RANK under a launcher.
   if (device.is_cuda() && !device.has_index() && distributed.world_size > 1) {
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(distributed.local_rank));
+    check_device(device, "train");
   }
   // This rank's GPU becomes the current one, as torchrun scripts call torch.cuda.set_device(local_rank): streams,
   // NCCL and any allocation without an explicit device then stay on it instead of GPU 0.

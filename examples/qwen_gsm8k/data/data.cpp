@@ -119,7 +119,8 @@ const nlohmann::json& field(const nlohmann::json& object, const std::string& nam
                     "a dotted field name is a path of object keys and list indices"};
     } else if (at->is_object()) {
       throw BadLine{"no field \"" + name + "\" (" + where + " has " + field_names(*at) + ")",
-                    "DataFields names the question and answer fields; dots separate the parts of a path"};
+                    "--question-field and --answer-field name the fields, --data-preset gsm8k, gsm8k_chinese or verl "
+                    "a known layout; dots separate the parts of a path"};
     } else {
       throw BadLine{"no field \"" + name + "\": " + where + " is " + shown(*at) + ", not an object or a list"};
     }
@@ -127,6 +128,20 @@ const nlohmann::json& field(const nlohmann::json& object, const std::string& nam
     begin = end + 1;
   }
   return *at;
+}
+
+// A list of chat messages (verl's "prompt"): its last user message's content; any other value as it is.
+const nlohmann::json& chat_user_turn(const nlohmann::json& value, const std::string& name) {
+  if (!value.is_array()) return value;
+  for (auto message = value.rbegin(); message != value.rend(); ++message) {
+    if (message->is_object() && message->contains("role") && message->at("role") == "user" &&
+        message->contains("content")) {
+      return message->at("content");
+    }
+  }
+  throw BadLine{
+      "field \"" + name + "\" is a list with no {\"role\": \"user\", \"content\": ...} message: " + shown(value),
+      "a list question field is read as chat messages"};
 }
 
 std::string reference_of(const nlohmann::json& answer, const DataFields& fields) {
@@ -141,12 +156,12 @@ std::string reference_of(const nlohmann::json& answer, const DataFields& fields)
   }
   if (!answer.is_string()) {
     throw BadLine{"field \"" + name + "\" is " + shown(answer) + ", expected a string ending in \"#### N\"",
-                  "AnswerFormat::kNumber reads a numeric answer field"};
+                  "--answer-format number reads a numeric answer field"};
   }
   const auto& text = answer.get_ref<const std::string&>();
   if (text.find("####") == std::string::npos) {
     throw BadLine{"field \"" + name + "\" has no \"####\" before the final answer: " + shown(answer),
-                  "GSM8K answers end in \"#### N\"; AnswerFormat::kNumber reads a field that is the answer itself"};
+                  "GSM8K answers end in \"#### N\"; --answer-format number reads a field that is the answer itself"};
   }
   try {
     return dapo::gsm8k::reference_answer(text);
@@ -167,7 +182,7 @@ Problem problem_of(std::string_view line, const DataFields& fields) {
                   (detail == std::string::npos ? message : message.substr(detail + 2))};
   }
   if (!json.is_object()) throw BadLine{"expected a JSON object, got " + shown(json)};
-  const auto& question = field(json, fields.question);
+  const auto& question = chat_user_turn(field(json, fields.question), fields.question);
   if (!question.is_string()) {
     throw BadLine{"field \"" + fields.question + "\" is " + shown(question) + ", expected a string"};
   }
@@ -200,6 +215,15 @@ uint64_t state_field(const nlohmann::json& state, const char* key) {
 
 }  // namespace
 
+DataFields data_preset(const std::string& name) {
+  if (name == "gsm8k") return {};
+  if (name == "gsm8k_chinese")
+    return {.question = "question_zh-cn", .answer = "answer_only", .format = AnswerFormat::kNumber};
+  if (name == "verl")
+    return {.question = "prompt", .answer = "reward_model.ground_truth", .format = AnswerFormat::kNumber};
+  throw std::invalid_argument("data preset \"" + name + "\" is not one of gsm8k, gsm8k_chinese, verl");
+}
+
 Dataset load_problems(const std::filesystem::path& file, const DataFields& fields, BadLines bad) {
   if (std::filesystem::is_directory(file)) {
     throw std::runtime_error(file.string() + ": is a directory (hint: pass a JSON lines file such as train.jsonl)");
@@ -226,7 +250,7 @@ Dataset load_problems(const std::filesystem::path& file, const DataFields& field
         continue;
       }
       throw std::invalid_argument(file.string() + ":" + std::to_string(line_number) + ": " + error.what + " (hint: " +
-                                  (error.hint.empty() ? "" : error.hint + "; ") + "BadLines::kSkip skips bad lines)");
+                                  (error.hint.empty() ? "" : error.hint + "; ") + "--skip-bad-lines skips bad lines)");
     }
   }
   if (in.bad()) throw std::runtime_error(file.string() + ": read error after line " + std::to_string(line_number));

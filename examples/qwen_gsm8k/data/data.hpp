@@ -39,12 +39,21 @@ enum class AnswerFormat {
 
 // Which JSON fields hold the question and the answer, and how the answer is written. A name with dots that is not
 // itself a key of the line is a path of object keys and list indices, as verl's preprocessed data needs:
-// "prompt.0.content" (the user turn) and "reward_model.ground_truth" (the number, AnswerFormat::kNumber).
+// "reward_model.ground_truth" (the number, AnswerFormat::kNumber). A question field that holds a list of chat
+// messages ({"role", "content"}, verl's "prompt") gives its last user message's content.
 struct DataFields {
   std::string question = "question";
   std::string answer = "answer";
   AnswerFormat format = AnswerFormat::kGsm8k;
 };
+
+// The fields of a named layout (the command line's --data-preset):
+//   gsm8k          question, answer ("... #### N"): GSM8K's own files, Hugging Face's openai/gsm8k
+//   gsm8k_chinese  question_zh-cn, answer_only (a number): the seed project's Chinese GSM8K
+//   verl           prompt (chat messages: the last user turn), reward_model.ground_truth (a number): verl's
+//                  examples/data_preprocess/gsm8k.py
+// Throws std::invalid_argument naming the layouts for any other name.
+DataFields data_preset(const std::string& name);
 
 // What to do with a malformed line: stop with an error naming it, or skip it and count it.
 enum class BadLines { kError, kSkip };
@@ -55,8 +64,10 @@ struct Dataset {
   std::filesystem::path source;
 };
 
-// Reads one JSON object per line; blank lines are ignored. A malformed line (invalid JSON, not an object, a missing
-// or ill-typed field, an empty question, no "####", a non-numeric kNumber answer) throws std::invalid_argument
+// Reads one JSON object per line; blank lines are ignored. Messages name the command line's options that fix what
+// they report (--skip-bad-lines, --answer-format, --question-field, --answer-field, --data-preset). A malformed line
+// (invalid JSON, not an object, a missing or ill-typed field, an empty question, no "####", a non-numeric kNumber
+// answer) throws std::invalid_argument
 // "<file>:<line>: <what is wrong>" (lines count from 1), or under BadLines::kSkip is skipped and counted. A file
 // that cannot be read throws std::runtime_error; a file with no problem at all throws std::invalid_argument.
 //

@@ -12,6 +12,7 @@
 #include "qwen_gsm8k/common/atomic_file.hpp"
 #include "qwen_gsm8k/common/run_directory.hpp"
 #include "qwen_gsm8k/demo/demo_problems.hpp"
+#include "qwen_gsm8k/model/device_check.hpp"
 #include "qwen_gsm8k/model/weights.hpp"
 #include "qwen_gsm8k/text/chat.hpp"
 #include "qwen_gsm8k/train/batch.hpp"
@@ -159,22 +160,7 @@ void print_demo_table(const DemoOptions& options, const nlohmann::json& summary)
 }  // namespace
 
 void check_demo_device(torch::Device device) {
-  if (device.is_cpu()) return;
-  if (!device.is_cuda()) {
-    throw std::invalid_argument("demo: --device " + device.str() + " is not supported, expected cpu or cuda[:N]");
-  }
-  if (!torch::cuda::is_available()) {
-    throw std::invalid_argument("demo: --device " + device.str() +
-                                " asks for CUDA, but torch::cuda::is_available() is false (a LibTorch without CUDA, "
-                                "or no GPU visible to this process); use --device cpu");
-  }
-  // device_count() is a std::size_t in LibTorch 1.x and a c10::DeviceIndex (signed) in later ones.
-  const auto count = static_cast<int64_t>(torch::cuda::device_count());
-  if (device.has_index() && (device.index() < 0 || device.index() >= count)) {
-    throw std::invalid_argument("demo: --device " + device.str() + " names GPU " + std::to_string(device.index()) +
-                                ", but this process sees " + std::to_string(count) +
-                                " (cuda:0 .. cuda:" + std::to_string(count - 1) + ")");
-  }
+  check_device(device, "demo");
 }
 
 Config demo_model_config() {
